@@ -1,0 +1,65 @@
+"""The tuning farm's core: the stack tuner controller, its policy, identity, stores and runtimes.
+
+``import farm`` never imports Celery, Redis or CuPy.
+"""
+
+from farm.adapter import RuntimeTrials, enable_stack_autotune, stack_autotuner, try_execute_stack
+from farm.arrays import array_signature, compare_outputs
+from farm.engine import (
+    CandidateReport,
+    Decision,
+    DecisionSource,
+    Stats,
+    StackTuner,
+    TrialRunner,
+    TuneReport,
+    Validation,
+    is_tuning,
+)
+from farm.environment import RuntimeEnvironment, runtime_environment
+from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
+from farm.identity import Candidate, Problem, Scope, cache_key, fields
+from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
+from farm.runtimes import ComputeClient, HostClient, client_for
+from farm.scoring import paired_score
+from farm.tunable import Implementation, TunableSet
+
+__all__ = [
+    "Candidate",
+    "CandidateReport",
+    "ComputeClient",
+    "ConfigError",
+    "Decision",
+    "DecisionSource",
+    "FailureKind",
+    "FarmError",
+    "HostClient",
+    "Implementation",
+    "MemoryEviction",
+    "Mode",
+    "Problem",
+    "RuntimeEnvironment",
+    "RuntimeTrials",
+    "Scope",
+    "StackPolicy",
+    "StackTuner",
+    "Stats",
+    "Timing",
+    "Tolerance",
+    "TrialRunner",
+    "TunableSet",
+    "TuneFailure",
+    "TuneReport",
+    "Validation",
+    "array_signature",
+    "cache_key",
+    "client_for",
+    "compare_outputs",
+    "enable_stack_autotune",
+    "fields",
+    "is_tuning",
+    "paired_score",
+    "runtime_environment",
+    "stack_autotuner",
+    "try_execute_stack",
+]

@@ -1,0 +1,214 @@
+"""The runtime adapter: one process-wide controller and ``try_execute_stack``, the seed's full-stack path.
+
+A memory hit costs a signature, two dict lookups and the call: no synchronization, readback or retiming. A miss
+tunes through :class:`RuntimeTrials` (fenced, exclusive, fresh inputs per trial). The live request then runs ONCE
+with the chosen candidate; if it fails, the decision is invalidated and the candidate banned, and the error is
+re-raised: the request is never replayed on another kernel.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from farm.arrays import OutputCheck, compare_outputs
+from farm.engine import Request, StackTuner, Validation, tuning_scope
+from farm.environment import runtime_environment
+from farm.errors import TuneFailure
+from farm.identity import Problem, Scope, fields
+from farm.policy import MemoryEviction, StackPolicy, Timing, Tolerance
+from farm.runtimes.base import ComputeClient
+from farm.stores.base import DecisionStore
+from farm.tunable import Inputs, TunableSet
+
+_global: StackTuner | None = None
+_global_lock = threading.Lock()
+
+
+def enable_stack_autotune(
+    policy: StackPolicy,
+    cache_directory: Path | str | None = None,
+    memory_eviction: MemoryEviction = MemoryEviction.FIFO,
+    fleet: Sequence[DecisionStore] = (),
+) -> StackTuner:
+    """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT."""
+    global _global
+    with _global_lock:
+        if _global is not None:
+            raise TuneFailure.invalid("stack autotuning was already configured")
+        _global = StackTuner(policy, cache_directory, memory_eviction, fleet)
+        return _global
+
+
+def stack_autotuner() -> StackTuner | None:
+    """The installed controller, or None. Querying never creates one, reads files or runs trials."""
+    return _global
+
+
+def _uninstall_for_tests() -> None:
+    global _global
+    with _global_lock:
+        _global = None
+
+
+def complete(client: ComputeClient) -> None:
+    """The fence: flush then synchronize. A sync failure is DEVICE; a submission error after a clean fence is
+    REJECTED (never demoted: a completion error never becomes a failed candidate followed by another launch)."""
+    submitted: Exception | None = None
+    try:
+        client.flush()
+    except Exception as e:
+        submitted = e
+    try:
+        client.sync()
+    except TuneFailure:
+        raise
+    except Exception as e:
+        raise TuneFailure.device(f"autotune synchronization failed: {e}") from e
+    if submitted is not None:
+        raise TuneFailure.rejected(f"candidate submission failed after a successful completion fence: {submitted}") from submitted
+
+
+class RuntimeTrials:
+    """A :class:`TrialRunner` over a tunable set on a real client. ``indices`` maps the controller's candidate
+    positions to the set's implementations. ``last_check`` keeps the latest output comparison (errors seen)."""
+
+    def __init__(self, client: ComputeClient, tunable: TunableSet, inputs: Inputs, indices: Sequence[int], timing: Timing) -> None:
+        self.client = client
+        self.tunable = tunable
+        self.inputs = inputs
+        self.indices = indices
+        self.timing = timing
+        self.last_check: OutputCheck | None = None
+
+    def _run(self, index: int, inputs: Inputs) -> Any:
+        fn = self.tunable[index].fn
+        try:
+            with self.client.activate():
+                out = fn(*inputs)
+        except Exception as e:
+            complete(self.client)
+            raise TuneFailure.rejected(f"candidate {self.tunable[index].name!r} raised {type(e).__name__}: {e}") from e
+        complete(self.client)
+        return out
+
+    def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
+        a = self.tunable.generate_inputs(self.inputs)
+        b = self.tunable.generate_inputs(self.inputs)
+        complete(self.client)
+        tolerance = self.tunable.tolerance_for(self.inputs, tolerance)
+        with self.client.exclusive(), tuning_scope():
+            expected = self._run(self.indices[reference], a)
+            actual = self._run(self.indices[candidate], b)
+            check = compare_outputs(expected, actual, tolerance)
+            # Readback can launch kernels too: fence before accepting a verdict or freeing trial state.
+            complete(self.client)
+        self.last_check = check
+        if not check.supported:
+            return Validation.UNSUPPORTED
+        if check.problem is not None:
+            raise TuneFailure.rejected(f"wrong output: {check.problem}")
+        return Validation.PASSED
+
+    def measure(self, candidate: int) -> float:
+        inputs = self.tunable.generate_inputs(self.inputs)
+        complete(self.client)
+        index = self.indices[candidate]
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with self.client.exclusive(), tuning_scope():
+                complete(self.client)
+                if self.timing is Timing.END_TO_END:
+                    start = time.perf_counter()
+                    out = self._run(index, inputs)
+                    elapsed = time.perf_counter() - start
+                else:
+                    fn = self.tunable[index].fn
+
+                    def call() -> Any:
+                        with self.client.activate():
+                            return fn(*inputs)
+
+                    try:
+                        out, elapsed = self.client.profile(call)
+                    except TuneFailure:
+                        raise
+                    except Exception as e:
+                        complete(self.client)
+                        raise TuneFailure.rejected(f"candidate {self.tunable[index].name!r} raised {type(e).__name__}: {e}") from e
+                    complete(self.client)
+                del out
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        return elapsed
+
+
+class Prepared(NamedTuple):
+    """What a workload needs on every call, computed once: the validated request and the candidate mapping."""
+
+    request: Request
+    indices: tuple[int, ...]
+    fns: tuple[Callable[..., Any], ...]
+
+
+def problem_for(name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Problem:
+    """The problem ``try_execute_stack`` tunes: a name with "fusion" is a GRAPH; the operation is name + device
+    kind + the set's checksum (a device class, never an index)."""
+    env = runtime_environment(client)
+    return Problem(
+        scope=Scope.GRAPH if "fusion" in name else Scope.OPERATOR,
+        operation=fields([name, device_id.partition(":")[0], tunable.checksum()]),
+        environment=env.fingerprint,
+        workload=tunable.stack_workload(inputs),
+        execution_context=env.execution_context,
+        persistent=env.persistent,
+    )
+
+
+def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Prepared:
+    """Build (and memoize on the set, bounded) the request for this workload on this client."""
+    memo = (id(tuner), name, device_id, client, tunable.generate_key(inputs))
+    found = tunable.prepared.get(memo)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    reference = tunable.stack_reference()
+    if reference is None or not 0 <= reference < len(tunable):
+        raise TuneFailure.invalid(f"{name}: no explicit reference was registered")
+    indices = tuple(tunable.search_order())
+    problem = problem_for(name, device_id, client, tunable, inputs)
+    candidates = [tunable[i].candidate() for i in indices]
+    request = tuner.request(problem, candidates, 0, device=client.device_id)
+    built = Prepared(request, indices, tuple(tunable[i].fn for i in indices))
+    with tunable.prepared_lock:
+        if len(tunable.prepared) >= 4096:
+            tunable.prepared.pop(next(iter(tunable.prepared)))
+        tunable.prepared[memo] = built
+    return built
+
+
+def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_set: TunableSet, inputs: Any) -> Any:
+    """Select (tuning on a miss) and run the candidate for ``inputs`` once; return its output.
+
+    Requires an installed controller (else UNAVAILABLE), an explicit reference and a workload signature (else
+    INVALID_INPUT, before any execution). A live failure invalidates the decision, bans the candidate for this
+    key, and re-raises the candidate's own exception.
+    """
+    tuner = _global
+    if tuner is None:
+        raise TuneFailure.unavailable(f"{name}: stack autotuning is not enabled")
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    prepared = prepare(tuner, name, device_id, client, tunable_set, args)
+    decision = tuner.select_request(
+        prepared.request, RuntimeTrials(client, tunable_set, args, prepared.indices, tuner.policy.timing)
+    )
+    try:
+        return prepared.fns[decision.index](*args)
+    except Exception:
+        tuner.invalidate(decision, True)
+        raise

@@ -1,0 +1,157 @@
+"""Arrays across NumPy and CuPy: exact signatures, layout-preserving clones, readback and output comparison.
+
+Nothing here imports CuPy: device arrays are recognised by ``__cuda_array_interface__`` and read back with their
+own ``.get()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from farm.policy import Tolerance
+
+
+def is_array(value: object) -> bool:
+    return isinstance(value, np.ndarray) or hasattr(value, "__cuda_array_interface__")
+
+
+def array_module(value: object) -> str:
+    return "cupy" if hasattr(value, "__cuda_array_interface__") else "numpy"
+
+
+def array_signature(*args: object) -> str:
+    """An exact workload signature of positional arguments: dtype, shape and element strides of each array, the
+    type and value of each scalar. Never bucketed: two shapes never share a signature."""
+    parts = []
+    for arg in args:
+        if is_array(arg):
+            a: Any = arg
+            itemsize = a.dtype.itemsize
+            strides = tuple(s // itemsize for s in a.strides) if itemsize else a.strides
+            parts.append(f"{array_module(a)}:{a.dtype.str}{a.shape}s{strides}")
+        elif isinstance(arg, (bool, int, float, str)) or arg is None:
+            parts.append(f"{type(arg).__name__}={arg!r}")
+        else:
+            raise TypeError(f"no exact signature for an argument of type {type(arg).__name__}")
+    return ";".join(parts)
+
+
+def clone(value: Any) -> Any:
+    """A fresh copy with the same dtype, shape AND strides (a non-contiguous view stays a strided view)."""
+    if isinstance(value, tuple):
+        return tuple(clone(v) for v in value)
+    if isinstance(value, list):
+        return [clone(v) for v in value]
+    if not is_array(value):
+        return value
+    if value.flags.c_contiguous or value.flags.f_contiguous:
+        return value.copy(order="K")
+    root = value
+    while getattr(root, "base", None) is not None and is_array(root.base):
+        root = root.base
+    if isinstance(value, np.ndarray):
+        fresh = root.copy(order="K") if (root.flags.c_contiguous or root.flags.f_contiguous) else None
+        if fresh is not None and fresh.strides == root.strides:
+            offset = value.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+            return np.ndarray(value.shape, value.dtype, buffer=fresh, offset=offset, strides=value.strides)
+        return np.lib.stride_tricks.as_strided(value.copy(), value.shape, value.strides).copy()
+    # CuPy: rebuild the view on a copy of the owning buffer.
+    xp = __import__("cupy")
+    fresh = root.copy()
+    offset = value.data.ptr - root.data.ptr
+    return xp.ndarray(value.shape, value.dtype, memptr=fresh.data + offset, strides=value.strides)
+
+
+def to_host(value: Any) -> np.ndarray:
+    if hasattr(value, "__cuda_array_interface__"):
+        return np.asarray(value.get())
+    return np.asarray(value)
+
+
+def leaves(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in leaves(v)]
+    return [value]
+
+
+def nbytes(value: Any) -> int:
+    return sum(int(getattr(leaf, "nbytes", 8)) for leaf in leaves(value))
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """The comparison of a candidate's output with the reference's.
+
+    ``supported`` False: too large to read back (validation UNSUPPORTED). ``problem`` is set when the output is
+    wrong (shape, dtype, structure, non-finite values or out of tolerance)."""
+
+    supported: bool
+    problem: str | None
+    max_abs_error: float
+    max_rel_error: float
+
+    @property
+    def passed(self) -> bool:
+        return self.supported and self.problem is None
+
+
+def compare_outputs(expected: Any, actual: Any, tolerance: Tolerance) -> OutputCheck:
+    """Compare outputs leaf by leaf: ``|actual - expected| <= absolute + relative * |expected|`` everywhere."""
+    if nbytes(expected) + nbytes(actual) > tolerance.max_bytes:
+        return OutputCheck(False, None, math.nan, math.nan)
+    return _compare(expected, actual, tolerance, "output")
+
+
+def _compare(expected: Any, actual: Any, tol: Tolerance, where: str) -> OutputCheck:
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return OutputCheck(True, f"{where}: expected a sequence of {len(expected)}, got {_describe(actual)}", math.nan, math.nan)
+        worst = OutputCheck(True, None, 0.0, 0.0)
+        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            check = _compare(e, a, tol, f"{where}[{i}]")
+            if check.problem is not None:
+                return check
+            worst = OutputCheck(True, None, max(worst.max_abs_error, check.max_abs_error), max(worst.max_rel_error, check.max_rel_error))
+        return worst
+    if is_array(expected) != is_array(actual) and is_array(expected):
+        return OutputCheck(True, f"{where}: expected an array, got {_describe(actual)}", math.nan, math.nan)
+    e = to_host(expected)
+    a = to_host(actual)
+    if e.shape != a.shape:
+        return OutputCheck(True, f"{where}: shape {a.shape} != reference shape {e.shape}", math.nan, math.nan)
+    if e.dtype != a.dtype:
+        return OutputCheck(True, f"{where}: dtype {a.dtype} != reference dtype {e.dtype}", math.nan, math.nan)
+    if a.dtype.kind in "fc":
+        if not np.all(np.isfinite(a)):
+            return OutputCheck(True, f"{where}: contains NaN or Inf", math.nan, math.nan)
+        if not np.all(np.isfinite(e)):
+            return OutputCheck(True, f"{where}: the reference output contains NaN or Inf", math.nan, math.nan)
+    if a.size == 0:
+        return OutputCheck(True, None, 0.0, 0.0)
+    e64 = e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)
+    diff = np.abs(a.astype(e64.dtype) - e64)
+    scale = np.abs(e64)
+    max_abs = float(diff.max())
+    max_rel = float((diff / np.maximum(scale, np.finfo(np.float64).tiny)).max())
+    if not np.all(diff <= tol.absolute + tol.relative * scale):
+        return OutputCheck(
+            True,
+            f"{where}: values differ beyond tolerance (max abs error {max_abs:.3g}, max rel error {max_rel:.3g}; "
+            f"absolute {tol.absolute:g}, relative {tol.relative:g})",
+            max_abs,
+            max_rel,
+        )
+    return OutputCheck(True, None, max_abs, max_rel)
+
+
+def _describe(value: Any) -> str:
+    if is_array(value):
+        return f"array {value.dtype}{value.shape}"
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return f"a sequence of {len(value)}"
+    return type(value).__name__

@@ -1,0 +1,563 @@
+"""The stack tuner: selects, for one exact problem, the fastest candidate proven correct against the reference.
+
+The engine is pure: trials run through an injected :class:`TrialRunner` (a host or CUDA runtime, a Celery task,
+or a test fake) and stored decisions come from injected stores. The selection order is SEMANTICS.md's:
+
+1. malformed input -> INVALID_INPUT;  2. quarantined lane -> QUARANTINED;  3. DISABLED -> reference;
+4. fresh memory record -> reuse, no synchronization;  5. validation unavailable / nested / busy -> reference;
+6. persistent stored record (disk, then fleet) -> reuse after one validation in this process;
+7. CACHE_ONLY -> reference;  8. EXPLORE -> paired search over every candidate;  9. failures become notes;
+10. store, count, report.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+from farm.errors import FailureKind, TuneFailure
+from farm.identity import Candidate, Problem, cache_key, fits_workspace
+from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
+from farm.scoring import Pair, Selection, judge, valid_seconds
+from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
+from farm.stores.disk import DiskStore
+from farm.stores.memory import MemoryStore
+
+
+class Validation(enum.Enum):
+    """A validation verdict. A wrong output is never UNSUPPORTED: it raises a REJECTED failure."""
+
+    PASSED = "passed"
+    UNSUPPORTED = "unsupported"
+
+
+class DecisionSource(enum.Enum):
+    """Where a decision came from."""
+
+    TUNED = "tuned"
+    MEMORY_CACHE = "memory_cache"
+    DISK_CACHE = "disk_cache"
+    FLEET_CACHE = "fleet_cache"
+    CACHE_MISS = "cache_miss"
+    DISABLED = "disabled"
+    BUSY = "busy"
+    NESTED = "nested"
+    VALIDATION_UNAVAILABLE = "validation_unavailable"
+
+
+class Decision(NamedTuple):
+    """The candidate to run. ``ratio`` is selected/reference median time (1.0 for the reference)."""
+
+    index: int
+    reference_index: int
+    name: str
+    source: DecisionSource
+    verified: bool
+    ratio: float
+    cache_key: str
+
+
+class TrialRunner(Protocol):
+    """Runs fenced, exclusive trials of candidates (indices into the candidate list given to ``select``).
+
+    ``validate`` compares a fresh run of ``candidate`` with a fresh run of ``reference``: PASSED, UNSUPPORTED
+    (cannot be checked, e.g. readback above ``tolerance.max_bytes``), or raises TuneFailure REJECTED for a wrong
+    output or an error, DEVICE for a completion failure. ``measure`` returns completed-work seconds (> 0).
+    """
+
+    def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation: ...
+
+    def measure(self, candidate: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters since the controller was created."""
+
+    memory_hits: int = 0
+    disk_hits: int = 0
+    fleet_hits: int = 0
+    misses: int = 0
+    busy_fallbacks: int = 0
+    tunes: int = 0
+    cache_warnings: int = 0
+    invalidations: int = 0
+    device_failures: int = 0
+
+
+@dataclass(frozen=True)
+class CandidateReport:
+    """How one candidate fared in a search. ``samples`` counts timing pairs (reference: its own samples)."""
+
+    name: str
+    samples: int
+    ratio: float | None
+    relative_mad: float | None
+    verified: bool
+    note: str
+    pairs: tuple[Pair, ...] = ()
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    """One search: what was tried, what won, how long it took (seconds), whether the budget ran out."""
+
+    operation: str
+    environment: str
+    workload: str
+    execution_context: str
+    winner: str
+    elapsed: float
+    budget_exhausted: bool
+    candidates: tuple[CandidateReport, ...]
+
+
+_depth = threading.local()
+
+
+def is_tuning() -> bool:
+    """Whether the calling thread is inside a trial (a nested selection then gets the reference)."""
+    return getattr(_depth, "value", 0) > 0
+
+
+@contextmanager
+def tuning_scope() -> Iterator[None]:
+    """Mark the calling thread as running a trial for the duration of the block."""
+    _depth.value = getattr(_depth, "value", 0) + 1
+    try:
+        yield
+    finally:
+        _depth.value -= 1
+
+
+class Request(NamedTuple):
+    """A validated selection request with its cache key (built once, reused on every hit)."""
+
+    problem: Problem
+    candidates: tuple[Candidate, ...]
+    reference: int
+    key: str
+    lane: str
+
+
+class _SkipCandidate(Exception):
+    """A candidate failed during its trials; the note says why."""
+
+
+_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
+
+
+class StackTuner:
+    """Thread-safe controller. No lock is held while a trial runs: contenders get the reference at once (BUSY).
+
+    ``cache_directory`` enables the disk tier (persistent problems only); ``fleet`` adds read-only stores
+    consulted after the disk, whose records are validated once in this process before reuse.
+    """
+
+    def __init__(
+        self,
+        policy: StackPolicy,
+        cache_directory: Path | str | None = None,
+        memory_eviction: MemoryEviction = MemoryEviction.FIFO,
+        fleet: Sequence[DecisionStore] = (),
+    ) -> None:
+        if not isinstance(policy, StackPolicy):
+            raise TuneFailure.invalid(f"policy must be a StackPolicy, got {type(policy).__name__}")
+        policy.validate()
+        if not isinstance(memory_eviction, MemoryEviction):
+            raise TuneFailure.invalid(f"memory_eviction must be a MemoryEviction, got {memory_eviction!r}")
+        self._policy = policy
+        self._lock = threading.Lock()
+        self._memory = MemoryStore(policy.capacity, memory_eviction)
+        self._disk = DiskStore(cache_directory, policy.capacity) if cache_directory is not None else None
+        self._fleet = tuple(fleet)
+        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
+        self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
+        self._banned: set[tuple[str, str]] = set()
+        self._validation_unavailable: set[str] = set()
+        self._quarantined: set[str] = set()
+        self._tuning_keys: set[str] = set()
+        self._tuning_lanes: set[str] = set()
+        self._validated_stored: set[str] = set()
+        self._windows: OrderedDict[str, deque[float]] = OrderedDict()
+        self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
+
+    @property
+    def policy(self) -> StackPolicy:
+        return self._policy
+
+    # -- requests -----------------------------------------------------------------------------------------------
+
+    def request(
+        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
+    ) -> Request:
+        """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
+        cands = tuple(candidates)
+        memo = (problem, cands, reference, device or "")
+        with self._lock:
+            found = self._requests.get(memo)
+        if found is not None:
+            return found
+        key = cache_key(problem, cands, reference, self._policy)
+        built = Request(problem, cands, reference, key, device or problem.environment)
+        with self._lock:
+            self._requests[memo] = built
+            if len(self._requests) > 4096:
+                self._requests.popitem(last=False)
+        return built
+
+    def select(
+        self,
+        problem: Problem,
+        candidates: Sequence[Candidate],
+        reference: int,
+        runner: TrialRunner,
+        *,
+        device: str | None = None,
+    ) -> Decision:
+        """Choose the candidate to run for ``problem``. ``device`` names the lane trials are serialized on
+        (default: the environment). Raises TuneFailure INVALID_INPUT, QUARANTINED, DEVICE or REJECTED (the
+        reference itself failed)."""
+        return self.select_request(self.request(problem, candidates, reference, device), runner)
+
+    def select_request(self, req: Request, runner: TrialRunner) -> Decision:
+        """:meth:`select` for a request built by :meth:`request` (the runtime adapter's hot path)."""
+        if req.lane in self._quarantined:
+            raise TuneFailure(FailureKind.QUARANTINED, f"device lane {req.lane!r} is quarantined after a device failure")
+        policy = self._policy
+        if policy.mode is Mode.DISABLED:
+            return self._reference(req, DecisionSource.DISABLED)
+        key = req.key
+        with self._lock:
+            record = self._memory.get(key)
+            if record is not None:
+                if (
+                    record.is_fresh(time.time(), policy.ttl)
+                    and (record.verified or not policy.require_validation)
+                    and (key, record.name) not in self._banned
+                ):
+                    self._counters["memory_hits"] += 1
+                    return Decision(
+                        record.index, record.reference_index, record.name, DecisionSource.MEMORY_CACHE,
+                        record.verified, record.ratio, key,
+                    )
+                self._memory.delete(key)
+            if key in self._validation_unavailable:
+                return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
+            if is_tuning():
+                return self._reference(req, DecisionSource.NESTED)
+            if (
+                key in self._tuning_keys
+                or req.lane in self._tuning_lanes
+                or len(self._tuning_keys) >= policy.max_parallel_tunes
+            ):
+                self._counters["busy_fallbacks"] += 1
+                return self._reference(req, DecisionSource.BUSY)
+            self._tuning_keys.add(key)
+            self._tuning_lanes.add(req.lane)
+        try:
+            with tuning_scope():
+                return self._miss(req, runner)
+        except TuneFailure as e:
+            if e.kind is FailureKind.DEVICE:
+                with self._lock:
+                    self._quarantined.add(req.lane)
+                    self._counters["device_failures"] += 1
+            raise
+        finally:
+            with self._lock:
+                self._tuning_keys.discard(key)
+                self._tuning_lanes.discard(req.lane)
+
+    def _reference(self, req: Request, source: DecisionSource) -> Decision:
+        ref = req.reference
+        return Decision(ref, ref, req.candidates[ref].name, source, True, 1.0, req.key)
+
+    # -- misses: stored tiers, then search ------------------------------------------------------------------------
+
+    def _miss(self, req: Request, runner: TrialRunner) -> Decision:
+        if req.problem.persistent:
+            tiers: list[tuple[DecisionStore, DecisionSource, bool]] = []
+            if self._disk is not None:
+                tiers.append((self._disk, DecisionSource.DISK_CACHE, True))
+            tiers.extend((store, DecisionSource.FLEET_CACHE, False) for store in self._fleet)
+            for store, source, writable in tiers:
+                decision = self._from_store(req, runner, store, source, writable)
+                if decision is not None:
+                    return decision
+        self._count("misses")
+        if self._policy.mode is Mode.CACHE_ONLY:
+            return self._reference(req, DecisionSource.CACHE_MISS)
+        return self._explore(req, runner)
+
+    def _from_store(
+        self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
+    ) -> Decision | None:
+        policy = self._policy
+        try:
+            record = store.get(req.key)
+        except CorruptRecord:
+            self._count("cache_warnings")
+            return None
+        except Exception:  # an unreachable tier is a miss, never an error on the caller's path
+            self._count("cache_warnings")
+            return None
+        if record is None:
+            return None
+        cands = req.candidates
+        usable = (
+            record.is_fresh(time.time(), policy.ttl)
+            and record.reference_index == req.reference
+            and record.index < len(cands)
+            and cands[record.index].name == record.name
+        )
+        if not usable:
+            self._count("cache_warnings")
+            return None
+        if (record.verified is False and policy.require_validation) or (req.key, record.name) in self._banned:
+            return None
+        if record.index != req.reference:
+            cand = cands[record.index]
+            if not cand.eligible or not fits_workspace(cand, policy):
+                return None
+            try:
+                verdict = runner.validate(req.reference, record.index, policy.tolerance)
+            except TuneFailure as e:
+                if e.kind is FailureKind.DEVICE:
+                    raise
+                verdict = None
+            if verdict is not Validation.PASSED and (verdict is None or policy.require_validation):
+                if writable:
+                    store.delete(req.key)
+                self._count("cache_warnings")
+                return None
+        with self._lock:
+            self._memory.put(record)
+            self._counters["disk_hits" if source is DecisionSource.DISK_CACHE else "fleet_hits"] += 1
+        return Decision(record.index, record.reference_index, record.name, source, record.verified, record.ratio, req.key)
+
+    def _explore(self, req: Request, runner: TrialRunner) -> Decision:
+        policy = self._policy
+        started = time.monotonic()
+        deadline = started + policy.budget
+        ref = req.reference
+        cands = req.candidates
+        reports: dict[int, CandidateReport] = {}
+
+        reference_times = self._reference_trials(req, runner)
+        if reference_times is None:
+            return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
+        ref_ratio_mad = statistics.median(abs(t / statistics.median(reference_times) - 1) for t in reference_times)
+        reports[ref] = CandidateReport(cands[ref].name, len(reference_times), 1.0, ref_ratio_mad, True, "reference")
+
+        selection = Selection(ref, policy)
+        budget_exhausted = False
+        tried = 1
+        with self._lock:
+            banned = {name for key, name in self._banned if key == req.key}
+        for index, cand in enumerate(cands):
+            if index == ref:
+                continue
+            note = None
+            if not cand.eligible:
+                note = "skipped: not eligible"
+            elif not fits_workspace(cand, policy):
+                note = f"skipped: workspace {cand.workspace_bytes!r} does not fit limit {policy.workspace_limit}"
+            elif cand.name in banned:
+                note = "skipped: banned for this key after a failure or regression"
+            elif tried >= policy.max_candidates:
+                note = f"not tried: max_candidates {policy.max_candidates} reached"
+            elif budget_exhausted or time.monotonic() > deadline:
+                budget_exhausted = True
+                note = f"not tried: budget of {policy.budget:g}s exhausted"
+            if note is not None:
+                reports[index] = CandidateReport(cand.name, 0, None, None, False, note)
+                continue
+            tried += 1
+            pairs: list[Pair] = []
+            verified = False
+            try:
+                verified = self._candidate_trials(req, runner, index, pairs, deadline)
+            except _SkipCandidate as skip:
+                if "budget" in str(skip):
+                    budget_exhausted = True
+                reports[index] = CandidateReport(cand.name, len(pairs), None, None, verified, str(skip), tuple(pairs))
+                continue
+            verdict = judge(pairs, policy)
+            if verdict.accepted and selection.offer(index, verdict.ratio or 1.0, verified):
+                note = f"leading: {verdict.note}"
+            elif verdict.accepted and verdict.ratio is not None and verdict.ratio * policy.min_speedup <= 1.0:
+                note = f"beaten: {verdict.note}, {cands[selection.index].name} is faster"
+            else:
+                note = verdict.note
+            reports[index] = CandidateReport(
+                cand.name, len(pairs), verdict.ratio, verdict.relative_mad, verified, note, tuple(pairs)
+            )
+
+        winner = selection.index
+        for index, report in reports.items():
+            if index == winner and index != ref:
+                reports[index] = CandidateReport(
+                    report.name, report.samples, report.ratio, report.relative_mad, report.verified,
+                    report.note.replace("leading: ", "selected: ", 1), report.pairs,
+                )
+            elif report.note.startswith("leading: "):
+                reports[index] = CandidateReport(
+                    report.name, report.samples, report.ratio, report.relative_mad, report.verified,
+                    f"beaten: {report.note[9:]}, {cands[winner].name} is faster", report.pairs,
+                )
+        record = DecisionRecord(req.key, winner, ref, cands[winner].name, selection.verified, selection.ratio, time.time())
+        self._store(req, record)
+        report = TuneReport(
+            req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
+            cands[winner].name, time.monotonic() - started, budget_exhausted,
+            tuple(reports[i] for i in sorted(reports)),
+        )
+        with self._lock:
+            self._counters["tunes"] += 1
+            self._reports.append(report)
+        return Decision(winner, ref, cands[winner].name, DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
+
+    def _reference_trials(self, req: Request, runner: TrialRunner) -> list[float] | None:
+        """Warm up, self-validate and time the reference. None: validation is unavailable for this key."""
+        policy = self._policy
+        ref = req.reference
+        name = req.candidates[ref].name
+        try:
+            for _ in range(policy.warmups):
+                _seconds(runner.measure(ref), name)
+            verdict = runner.validate(ref, ref, policy.tolerance)
+            if verdict is Validation.UNSUPPORTED and policy.require_validation:
+                with self._lock:
+                    self._validation_unavailable.add(req.key)
+                return None
+            return [_seconds(runner.measure(ref), name) for _ in range(policy.samples)]
+        except TuneFailure as e:
+            if e.kind is FailureKind.DEVICE:
+                raise
+            raise TuneFailure.rejected(f"reference {name!r} failed: {e.message}") from e
+        except _SkipCandidate as e:
+            raise TuneFailure.rejected(f"reference {name!r} failed: {e}") from e
+        except Exception as e:
+            raise TuneFailure.rejected(f"reference {name!r} failed: {type(e).__name__}: {e}") from e
+
+    def _candidate_trials(
+        self, req: Request, runner: TrialRunner, index: int, pairs: list[Pair], deadline: float
+    ) -> bool:
+        """Warm up, validate, then take paired samples alternating which runs first. Returns ``verified``."""
+        policy = self._policy
+        ref = req.reference
+        name = req.candidates[index].name
+        ref_name = req.candidates[ref].name
+        try:
+            for _ in range(policy.warmups):
+                _seconds(runner.measure(index), name)
+            verdict = runner.validate(ref, index, policy.tolerance)
+            if verdict is Validation.UNSUPPORTED and policy.require_validation:
+                raise _SkipCandidate("skipped: validation unsupported (readback above tolerance.max_bytes?)")
+            verified = verdict is Validation.PASSED
+            for sample in range(policy.samples):
+                if time.monotonic() > deadline:
+                    raise _SkipCandidate(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
+                if sample % 2 == 0:
+                    r = _seconds(runner.measure(ref), ref_name)
+                    c = _seconds(runner.measure(index), name)
+                else:
+                    c = _seconds(runner.measure(index), name)
+                    r = _seconds(runner.measure(ref), ref_name)
+                pairs.append((r, c))
+            return verified
+        except TuneFailure as e:
+            if e.kind is FailureKind.DEVICE:
+                raise
+            raise _SkipCandidate(f"rejected: {e.message}") from e
+        except _SkipCandidate:
+            raise
+        except Exception as e:
+            raise _SkipCandidate(f"rejected: {type(e).__name__}: {e}") from e
+
+    def _store(self, req: Request, record: DecisionRecord) -> None:
+        with self._lock:
+            self._memory.put(record)
+        if req.problem.persistent and self._disk is not None:
+            try:
+                self._disk.put(record)
+            except OSError:
+                self._count("cache_warnings")
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self._counters[name] += 1
+
+    # -- invalidation -----------------------------------------------------------------------------------------
+
+    def invalidate(self, decision: Decision, ban_candidate: bool) -> None:
+        """Forget the decision in memory and on disk; with ``ban_candidate`` never pick that winner for the key
+        again in this process (the reference is never banned)."""
+        with self._lock:
+            self._memory.delete(decision.cache_key)
+            self._windows.pop(decision.cache_key, None)
+            if ban_candidate and decision.index != decision.reference_index:
+                self._banned.add((decision.cache_key, decision.name))
+            self._counters["invalidations"] += 1
+        if self._disk is not None:
+            try:
+                self._disk.delete(decision.cache_key)
+            except OSError:
+                self._count("cache_warnings")
+
+    def record_comparison(
+        self, decision: Decision, reference_seconds: float, selected_seconds: float, correctness_checked: bool
+    ) -> bool:
+        """Feed one live (reference, selected) observation into the decision's regression window.
+
+        Only correctness-checked observations count (an unchecked run may have been a broken one). When the window
+        holds ``regression_pairs`` observations and their median selected/reference ratio exceeds
+        ``regression_ratio``, the decision is invalidated and its candidate banned; returns True then.
+        """
+        if not (valid_seconds(reference_seconds) and valid_seconds(selected_seconds)):
+            raise TuneFailure.invalid(
+                f"record_comparison needs positive finite seconds, got ({reference_seconds!r}, {selected_seconds!r})"
+            )
+        if not correctness_checked or decision.index == decision.reference_index or decision.source not in _STORED_SOURCES:
+            return False
+        policy = self._policy
+        with self._lock:
+            window = self._windows.get(decision.cache_key)
+            if window is None:
+                window = self._windows[decision.cache_key] = deque(maxlen=policy.regression_pairs)
+                if len(self._windows) > policy.capacity:
+                    self._windows.popitem(last=False)
+            window.append(selected_seconds / reference_seconds)
+            regressed = len(window) == policy.regression_pairs and statistics.median(window) > policy.regression_ratio
+        if regressed:
+            self.invalidate(decision, True)
+        return regressed
+
+    # -- introspection ----------------------------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        with self._lock:
+            return Stats(**self._counters)
+
+    def reports(self) -> list[TuneReport]:
+        with self._lock:
+            return list(self._reports)
+
+    def quarantined(self) -> set[str]:
+        with self._lock:
+            return set(self._quarantined)
+
+
+def _seconds(value: float, name: str) -> float:
+    if not valid_seconds(value):
+        raise _SkipCandidate(f"rejected: {name!r} reported a non-positive or non-finite time ({value!r})")
+    return float(value)

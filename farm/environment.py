@@ -1,0 +1,143 @@
+"""Environment identity: the fingerprint of a device CLASS (model, driver, compiler, build, options).
+
+The fingerprint never names a device index, so a decision tuned on GPU 3 of one host serves GPU 0 of another
+host of the same model. It is persistent (disk and fleet reuse) only when both a driver identity and a build
+identity are known; otherwise it is unique to this process and nothing is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import threading
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from farm.identity import DEFAULT_CONTEXT, fields
+from farm.runtimes.base import ComputeClient
+
+DRIVER_TAG = "FARM_AUTOTUNE_DRIVER_TAG"
+BUILD_TAG = "FARM_AUTOTUNE_BUILD_TAG"
+CONTEXT_TAG = "FARM_AUTOTUNE_CONTEXT_TAG"
+BUILD_PACKAGES = ("farm", "kernels")
+UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class RuntimeEnvironment:
+    """``fingerprint``: canonical device-class/driver/build/options text. ``persistent``: disk and fleet reuse
+    permitted. ``execution_context``: the deployment's regime (FARM_AUTOTUNE_CONTEXT_TAG)."""
+
+    fingerprint: str
+    persistent: bool
+    execution_context: str
+
+    @property
+    def digest(self) -> str:
+        return fingerprint_digest(self.fingerprint)
+
+
+def fingerprint_digest(fingerprint: str) -> str:
+    """A short stable name for a fingerprint (queue names, archive folders): 16 hex digits of its sha256."""
+    return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+
+
+@cache
+def farm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tuning-farm")
+    except Exception:
+        return "0+unknown"
+
+
+@cache
+def build_identity() -> str:
+    """Package version + sha256 of the installed ``farm/`` and ``kernels/`` sources, or "unavailable"."""
+    digest = hashlib.sha256()
+    found = False
+    for package in BUILD_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for root in spec.submodule_search_locations:
+            base = Path(root)
+            try:
+                files = sorted(p for p in base.rglob("*") if p.suffix in (".py", ".cu", ".lua") and p.is_file())
+                for path in files:
+                    digest.update(f"{package}/{path.relative_to(base).as_posix()}\0".encode())
+                    digest.update(path.read_bytes())
+                    digest.update(b"\0")
+                    found = True
+            except OSError:
+                return UNAVAILABLE
+    if not found:
+        return UNAVAILABLE
+    return f"{farm_version()}+{digest.hexdigest()[:20]}"
+
+
+_session_lock = threading.Lock()
+_session: str | None = None
+
+
+def session_identity() -> str:
+    """A driver identity unique to this process, used when the real one is unknown (never persisted)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            _session = f"session-only:{os.getpid()}:{time.time_ns()}"
+        return _session
+
+
+_memo: dict[tuple[type, str, str], RuntimeEnvironment] = {}
+_memo_lock = threading.Lock()
+
+
+def runtime_environment(client: ComputeClient) -> RuntimeEnvironment:
+    """Probe and memoize (bounded) the environment of ``client``. Deployment tags must be set before first use."""
+    key = (type(client), client.device_id, client.properties_fingerprint())
+    with _memo_lock:
+        found = _memo.get(key)
+    if found is not None:
+        return found
+    env = probe_environment(client)
+    with _memo_lock:
+        if len(_memo) < 256:
+            _memo[key] = env
+    return env
+
+
+def probe_environment(client: ComputeClient) -> RuntimeEnvironment:
+    """Build the environment from the client and the FARM_AUTOTUNE_* tags (not memoized)."""
+    driver_tag = os.environ.get(DRIVER_TAG) or None
+    probed = client.driver_fingerprint()
+    if probed is not None and driver_tag is not None:
+        driver: str | None = fields([probed, driver_tag])
+    else:
+        driver = probed or driver_tag
+    build = build_identity()
+    persistent = driver is not None and build != UNAVAILABLE
+    fingerprint = fields(
+        [
+            client.backend,
+            client.device_kind,
+            client.properties_fingerprint(),
+            driver if driver is not None else session_identity(),
+            client.compiler(),
+            build,
+            os.environ.get(BUILD_TAG, ""),
+            client.runtime_options(),
+        ]
+    )
+    context = os.environ.get(CONTEXT_TAG) or DEFAULT_CONTEXT
+    return RuntimeEnvironment(fingerprint, persistent, context)
+
+
+def clear_environment_memo() -> None:
+    """Forget probed environments (tests change deployment tags between cases)."""
+    with _memo_lock:
+        _memo.clear()

@@ -1,0 +1,186 @@
+"""The controller's policy: every knob of SEMANTICS.md with its default and valid range."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+
+from farm.errors import TuneFailure
+
+
+class Mode(enum.Enum):
+    """What a miss does: search (EXPLORE), fall back to the reference (CACHE_ONLY), or never tune (DISABLED)."""
+
+    EXPLORE = "explore"
+    CACHE_ONLY = "cache_only"
+    DISABLED = "disabled"
+
+
+class Timing(enum.Enum):
+    """What a sample measures: wall clock of the whole call, or the device's own profile of the work."""
+
+    END_TO_END = "end_to_end"
+    DEVICE = "device"
+
+
+class MemoryEviction(enum.Enum):
+    """Which in-memory record goes when the capacity is reached."""
+
+    FIFO = "fifo"
+    LRU = "lru"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Output comparison limits: ``|actual - expected| <= absolute + relative * |expected|``.
+
+    ``max_bytes`` bounds the combined readback of reference and candidate outputs; above it validation is
+    UNSUPPORTED rather than attempted.
+    """
+
+    absolute: float = 1e-4
+    relative: float = 1e-3
+    max_bytes: int = 64 << 20
+
+    def validate(self, where: str = "tolerance") -> None:
+        for name in ("absolute", "relative"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise TuneFailure.invalid(f"{where}.{name} must be finite and >= 0, got {value!r}")
+        if not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
+            raise TuneFailure.invalid(f"{where}.max_bytes must be a positive integer, got {self.max_bytes!r}")
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"absolute": self.absolute, "relative": self.relative, "max_bytes": self.max_bytes}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, float | int]) -> Tolerance:
+        return cls(float(data["absolute"]), float(data["relative"]), int(data["max_bytes"]))
+
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class StackPolicy:
+    """How the controller searches, validates, caches and invalidates. Durations are float seconds.
+
+    Call :meth:`validate` (the controller does) before use: an out-of-range field is an INVALID_INPUT failure
+    naming the field and value.
+    """
+
+    mode: Mode = Mode.EXPLORE
+    timing: Timing = Timing.END_TO_END
+    require_validation: bool = True
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    warmups: int = 2
+    samples: int = 7
+    max_candidates: int = 32
+    budget: float = 30.0
+    min_speedup: float = 1.05
+    max_relative_mad: float = 0.15
+    workspace_limit: int | None = None
+    capacity: int = 1024
+    ttl: float = 7 * DAY
+    max_parallel_tunes: int = 1
+    regression_pairs: int = 7
+    regression_ratio: float = 1.15
+
+    def validate(self) -> StackPolicy:
+        """Check every field's range; return self so it chains."""
+
+        def bad(name: str, rule: str) -> TuneFailure:
+            return TuneFailure.invalid(f"policy.{name} {rule}, got {getattr(self, name)!r}")
+
+        def integer(name: str, low: int, high: int, odd: bool = False) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise bad(name, f"must be an integer in {low}..{high}")
+            if odd and value % 2 == 0:
+                raise bad(name, f"must be odd in {low}..{high}")
+
+        def real(name: str, minimum: float, strict: bool = False) -> None:
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            ok = ok and (value > minimum if strict else value >= minimum)
+            if not ok:
+                raise bad(name, f"must be finite and {'>' if strict else '>='} {minimum}")
+
+        if not isinstance(self.mode, Mode):
+            raise bad("mode", "must be a Mode")
+        if not isinstance(self.timing, Timing):
+            raise bad("timing", "must be a Timing")
+        if not isinstance(self.require_validation, bool):
+            raise bad("require_validation", "must be a bool")
+        if not isinstance(self.tolerance, Tolerance):
+            raise bad("tolerance", "must be a Tolerance")
+        self.tolerance.validate("policy.tolerance")
+        integer("warmups", 1, 100)
+        integer("samples", 3, 101, odd=True)
+        integer("max_candidates", 1, 4096)
+        real("budget", 0.0, strict=True)
+        real("min_speedup", 1.0)
+        real("max_relative_mad", 0.0)
+        if self.workspace_limit is not None and (
+            isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) or self.workspace_limit < 0
+        ):
+            raise bad("workspace_limit", "must be None or an integer >= 0")
+        integer("capacity", 1, 65536)
+        real("ttl", 0.0, strict=True)
+        integer("max_parallel_tunes", 1, 256)
+        integer("regression_pairs", 3, 101, odd=True)
+        real("regression_ratio", 1.0, strict=True)
+        return self
+
+    def accuracy_key(self) -> str:
+        """The policy fields that change what a decision means (the mode is excluded on purpose).
+
+        An offline EXPLORE cache therefore serves a CACHE_ONLY deployment with the same accuracy settings.
+        """
+        from farm.identity import fields
+
+        t = self.tolerance
+        return fields(
+            [
+                "timing=" + self.timing.value,
+                f"require_validation={self.require_validation}",
+                f"tolerance={t.absolute!r},{t.relative!r},{t.max_bytes}",
+                f"workspace_limit={self.workspace_limit}",
+                f"min_speedup={self.min_speedup!r}",
+                f"max_relative_mad={self.max_relative_mad!r}",
+            ]
+        )
+
+    def replace(self, **changes: object) -> StackPolicy:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        data["mode"] = self.mode.value
+        data["timing"] = self.timing.value
+        data["tolerance"] = self.tolerance.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object], where: str = "policy") -> StackPolicy:
+        """Build a policy from JSON-like data; unknown fields or wrong values name the field."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise TuneFailure.invalid(f"{where}: unknown field {unknown[0]!r}")
+        values: dict[str, object] = dict(data)
+        try:
+            if "mode" in values:
+                values["mode"] = Mode(values["mode"])
+            if "timing" in values:
+                values["timing"] = Timing(values["timing"])
+            if "tolerance" in values:
+                tol = values["tolerance"]
+                if not isinstance(tol, dict):
+                    raise TuneFailure.invalid(f"{where}.tolerance must be a table, got {tol!r}")
+                values["tolerance"] = Tolerance(**tol)
+        except (ValueError, TypeError) as e:
+            raise TuneFailure.invalid(f"{where}: {e}") from e
+        return cls(**values).validate()  # type: ignore[arg-type]

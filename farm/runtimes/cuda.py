@@ -1,0 +1,124 @@
+"""The CUDA runtime: CuPy on ``cuda:N``, one stream per client, CUDA events for DEVICE timing.
+
+Importing this module never touches CuPy or a GPU; creating a :class:`CudaClient` does, and raises TuneFailure
+UNAVAILABLE with "no CUDA device" (or how to install CuPy) when it cannot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from functools import cache
+from typing import Any
+
+from farm.errors import TuneFailure
+from farm.runtimes.base import DeviceLock
+
+INSTALL_HINT = "install CuPy for your CUDA version, e.g. pip install 'tuning-farm[cuda]' (cupy-cuda12x)"
+
+
+def import_cupy() -> Any:
+    """CuPy, or TuneFailure UNAVAILABLE saying how to install it."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise TuneFailure.unavailable(f"no CUDA device: CuPy is not installed ({INSTALL_HINT})") from e
+    return cupy
+
+
+def device_count() -> int:
+    """Visible CUDA devices; 0 without CuPy, driver or device."""
+    try:
+        cupy = import_cupy()
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+class CudaClient:
+    """``cuda:N`` (N counts visible devices: after CUDA_VISIBLE_DEVICES pinning the one device is cuda:0)."""
+
+    backend = "cuda-cupy"
+    device_kind = "cuda"
+
+    def __init__(self, index: int = 0) -> None:
+        cupy = import_cupy()
+        count = device_count()
+        if count == 0:
+            raise TuneFailure.unavailable("no CUDA device: the CUDA runtime reports no visible device")
+        if not 0 <= index < count:
+            raise TuneFailure.unavailable(f"no CUDA device cuda:{index}: {count} device(s) visible")
+        self._cupy = cupy
+        self.index = index
+        self.device_id = f"cuda:{index}"
+        self.device = cupy.cuda.Device(index)
+        with self.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        bus = cupy.cuda.runtime.deviceGetPCIBusId(index).replace(":", "-").replace(".", "-")
+        self._lock = DeviceLock(f"cuda-{bus}")
+
+    def flush(self) -> None:
+        return None  # CuPy submits at launch; nothing is queued on the host side
+
+    def sync(self) -> None:
+        try:
+            with self.device:
+                self.stream.synchronize()
+        except Exception as e:
+            raise TuneFailure.device(f"CUDA synchronization failed on {self.device_id}: {e}") from e
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return self._lock.hold()
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        with self.device, self.stream:
+            yield
+
+    def profile(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        cuda = self._cupy.cuda
+        with self.device, self.stream:
+            start, end = cuda.Event(), cuda.Event()
+            start.record(self.stream)
+            out = fn()
+            end.record(self.stream)
+        try:
+            end.synchronize()
+        except Exception as e:
+            raise TuneFailure.device(f"CUDA event synchronization failed on {self.device_id}: {e}") from e
+        return out, cuda.get_elapsed_time(start, end) / 1e3
+
+    def properties_fingerprint(self) -> str:
+        return _properties(self.index)
+
+    def driver_fingerprint(self) -> str | None:
+        rt = self._cupy.cuda.runtime
+        try:
+            return f"cuda driver {rt.driverGetVersion()}; runtime {rt.runtimeGetVersion()}"
+        except Exception:
+            return None
+
+    def compiler(self) -> str:
+        try:
+            nvrtc = ".".join(map(str, self._cupy.cuda.nvrtc.getVersion()))
+        except Exception:
+            nvrtc = "unknown"
+        return f"cupy {self._cupy.__version__}; nvrtc {nvrtc}"
+
+    def runtime_options(self) -> str:
+        return f"allocator={type(self._cupy.get_default_memory_pool()).__name__}"
+
+    def __repr__(self) -> str:
+        return f"CudaClient({self.device_id})"
+
+
+@cache
+def _properties(index: int) -> str:
+    import cupy
+
+    p = cupy.cuda.runtime.getDeviceProperties(index)
+    name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+    return (
+        f"{name}; sm_{p['major']}{p['minor']}; {p['multiProcessorCount']} SMs; "
+        f"{p['totalGlobalMem']} bytes; {p.get('clockRate', '?')} kHz"
+    )

@@ -1,0 +1,91 @@
+"""The record every decision store keeps, and the port each store implements."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+SCHEMA_VERSION = 1
+
+
+class CorruptRecord(Exception):
+    """Raised when a stored record cannot be trusted: unreadable, wrong schema, bad checksum or mismatched key."""
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """A stored decision: which candidate won for one exact cache key, and how sure we are.
+
+    ``created`` is seconds since the epoch; records older than the policy's ttl, or dated in the future, are stale.
+    """
+
+    cache_key: str
+    index: int
+    reference_index: int
+    name: str
+    verified: bool
+    ratio: float
+    created: float
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"schema": SCHEMA_VERSION, **asdict(self)}
+        body["checksum"] = _checksum(body)
+        return body
+
+    @classmethod
+    def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
+        """Parse and verify a stored record; CorruptRecord says what is wrong with it."""
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
+        body = {k: v for k, v in data.items() if k != "checksum"}
+        if data.get("checksum") != _checksum(body):
+            raise CorruptRecord("checksum mismatch")
+        try:
+            record = cls(
+                cache_key=_typed(data, "cache_key", str),
+                index=_typed(data, "index", int),
+                reference_index=_typed(data, "reference_index", int),
+                name=_typed(data, "name", str),
+                verified=_typed(data, "verified", bool),
+                ratio=float(_typed(data, "ratio", (int, float))),
+                created=float(_typed(data, "created", (int, float))),
+            )
+        except (KeyError, TypeError) as e:
+            raise CorruptRecord(str(e)) from e
+        if record.index < 0 or record.reference_index < 0 or not math.isfinite(record.ratio) or record.ratio <= 0:
+            raise CorruptRecord(f"out-of-range values in record for {record.name!r}")
+        if expected_key is not None and record.cache_key != expected_key:
+            raise CorruptRecord("stored cache key differs from the requested one")
+        return record
+
+    def is_fresh(self, now: float, ttl: float) -> bool:
+        """Within ttl and not dated in the future."""
+        return self.created <= now and now - self.created <= ttl
+
+
+def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data[name]
+    if isinstance(value, bool) and kind is not bool:
+        raise TypeError(f"field {name!r} is a bool")
+    if not isinstance(value, kind):
+        raise TypeError(f"field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class DecisionStore(Protocol):
+    """A tier of decisions keyed by the full cache key. ``get`` raises CorruptRecord for a bad record."""
+
+    def get(self, cache_key: str) -> DecisionRecord | None: ...
+
+    def put(self, record: DecisionRecord) -> None: ...
+
+    def delete(self, cache_key: str) -> None: ...

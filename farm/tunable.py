@@ -1,0 +1,226 @@
+"""Tunable sets: an operation's candidates, its reference, and how to describe and rebuild its inputs.
+
+A user writes::
+
+    softmax = TunableSet("softmax", signature=array_signature)
+
+    @softmax.reference
+    def three_pass(x): ...
+
+    @softmax.candidate(group=0)
+    def online(x): ...
+
+and calls ``try_execute_stack("softmax", "cpu", client, softmax, (x,))``. Inputs are a tuple of positional
+arguments; each candidate is called as ``fn(*inputs)`` and returns an array or a tuple of arrays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from farm.arrays import clone
+from farm.errors import TuneFailure
+from farm.identity import Candidate, fields
+from farm.policy import Tolerance
+
+Inputs = tuple[Any, ...]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One candidate implementation. ``identity`` adds code the Python source does not show: a CUDA source,
+    compile options, a launch configuration. It is part of the set's checksum, hence of the cache key."""
+
+    name: str
+    fn: Callable[..., Any]
+    revision: str = "1"
+    group: int = 0
+    workspace_bytes: int | None = None
+    eligible: bool = True
+    identity: str = ""
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.name, self.revision, self.workspace_bytes, self.eligible)
+
+    def code_identity(self) -> str:
+        return fields([code_text(self.fn), self.identity])
+
+
+def code_text(fn: Callable[..., Any]) -> str:
+    """The source of ``fn`` (or its bytecode and constants when no source is available)."""
+    target = inspect.unwrap(fn)
+    try:
+        return inspect.getsource(target)
+    except (OSError, TypeError):
+        code = getattr(target, "__code__", None)
+        if code is None:
+            return repr(target)
+        return code.co_code.hex() + repr(code.co_consts)
+
+
+class TunableSet:
+    """An operation's candidates with an explicit reference.
+
+    - ``signature(*inputs) -> str``: the exact workload (dtype, shape, strides, parameters); required.
+    - ``generate(*inputs) -> Inputs``: fresh, isolated inputs for a trial (default: layout-preserving copies of
+      every array), so trials never share writable buffers with each other or with the live request.
+    - ``key(*inputs) -> Hashable``: the memo key of a workload (default: the signature).
+    - ``tolerance(*inputs) -> Tolerance | None``: a per-workload tolerance (e.g. by dtype) that replaces the
+      policy's for validation; its source is part of the checksum.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        signature: Callable[..., str] | None,
+        generate: Callable[..., Inputs] | None = None,
+        key: Callable[..., Hashable] | None = None,
+        tolerance: Callable[..., Tolerance | None] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TuneFailure.invalid(f"tunable set name must be a non-empty string, got {name!r}")
+        self.name = name
+        self._signature = signature
+        self._generate = generate
+        self._key = key
+        self._tolerance = tolerance
+        self._impls: list[Implementation] = []
+        self._reference: int | None = None
+        self._checksum: str | None = None
+        self.prepared: dict[Hashable, Any] = {}
+        self.prepared_lock = threading.Lock()
+
+    # -- registration -------------------------------------------------------------------------------------
+
+    def add(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        revision: str = "1",
+        group: int = 0,
+        workspace_bytes: int | None = None,
+        eligible: bool = True,
+        identity: str = "",
+        reference: bool = False,
+    ) -> Implementation:
+        """Register a candidate (or the reference). Raises INVALID_INPUT for a duplicate name or second reference."""
+        impl_name = name or getattr(fn, "__name__", "")
+        if not impl_name:
+            raise TuneFailure.invalid(f"{self.name}: a candidate needs a name")
+        if any(i.name == impl_name for i in self._impls):
+            raise TuneFailure.invalid(f"{self.name}: candidate name {impl_name!r} is a duplicate")
+        if reference and self._reference is not None:
+            raise TuneFailure.invalid(
+                f"{self.name}: reference is already {self._impls[self._reference].name!r}, cannot add {impl_name!r}"
+            )
+        if isinstance(group, bool) or not isinstance(group, int):
+            raise TuneFailure.invalid(f"{self.name}: candidate {impl_name!r} group must be an integer, got {group!r}")
+        impl = Implementation(impl_name, fn, revision, group, workspace_bytes, eligible, identity)
+        self._impls.append(impl)
+        if reference:
+            self._reference = len(self._impls) - 1
+        self._checksum = None
+        with self.prepared_lock:
+            self.prepared.clear()
+        return impl
+
+    @overload
+    def candidate(self, fn: F) -> F: ...
+
+    @overload
+    def candidate(self, fn: None = None, **options: Any) -> Callable[[F], F]: ...
+
+    def candidate(self, fn: Any = None, **options: Any) -> Any:
+        """Decorator: ``@set.candidate`` or ``@set.candidate(group=1, revision="2")``."""
+
+        def register(f: F) -> F:
+            self.add(f, **options)
+            return f
+
+        return register(fn) if fn is not None else register
+
+    def reference(self, fn: Any = None, **options: Any) -> Any:
+        """Decorator registering the reference (the trusted implementation every candidate is checked against)."""
+        options["reference"] = True
+        return self.candidate(fn, **options)
+
+    # -- the seed's TunableSet surface --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._impls)
+
+    def __getitem__(self, index: int) -> Implementation:
+        return self._impls[index]
+
+    @property
+    def implementations(self) -> tuple[Implementation, ...]:
+        return tuple(self._impls)
+
+    def stack_reference(self) -> int | None:
+        return self._reference
+
+    def has_signature(self) -> bool:
+        return self._signature is not None
+
+    def stack_workload(self, inputs: Inputs) -> str:
+        """The exact workload signature; INVALID_INPUT when the set has none or it is empty."""
+        if self._signature is None:
+            raise TuneFailure.invalid(f"{self.name}: no exact workload signature was registered")
+        workload = self._signature(*inputs)
+        if not isinstance(workload, str) or not workload:
+            raise TuneFailure.invalid(f"{self.name}: workload signature must be a non-empty string, got {workload!r}")
+        return workload
+
+    def generate_key(self, inputs: Inputs) -> Hashable:
+        if self._key is not None:
+            return self._key(*inputs)
+        return self.stack_workload(inputs)
+
+    def generate_inputs(self, inputs: Inputs) -> Inputs:
+        """Fresh isolated inputs for one trial."""
+        if self._generate is not None:
+            return tuple(self._generate(*inputs))
+        return tuple(clone(list(inputs)))
+
+    def tolerance_for(self, inputs: Inputs, default: Tolerance) -> Tolerance:
+        if self._tolerance is None:
+            return default
+        return self._tolerance(*inputs) or default
+
+    def plan(self) -> Iterator[list[int]]:
+        """Every eligible priority group, lowest group number first (registration order within a group)."""
+        groups = sorted({i.group for i in self._impls})
+        for group in groups:
+            batch = [n for n, impl in enumerate(self._impls) if impl.group == group and impl.eligible]
+            if batch:
+                yield batch
+
+    def search_order(self) -> list[int]:
+        """The reference first, then every planned candidate once (what ``try_execute_stack`` tunes)."""
+        if self._reference is None:
+            raise TuneFailure.invalid(f"{self.name}: no explicit reference was registered")
+        order = [self._reference]
+        for batch in self.plan():
+            order.extend(i for i in batch if i not in order)
+        return order
+
+    def checksum(self) -> str:
+        """sha256 over the manifest and each candidate's code; any change to either changes the cache key."""
+        if self._checksum is None:
+            parts = [self.name, str(self._reference)]
+            for impl in self._impls:
+                parts.append(
+                    fields([impl.name, impl.revision, str(impl.group), str(impl.workspace_bytes), str(impl.eligible), impl.code_identity()])
+                )
+            if self._tolerance is not None:
+                parts.append(code_text(self._tolerance))
+            self._checksum = hashlib.sha256(fields(parts).encode()).hexdigest()
+        return self._checksum

@@ -1,0 +1,40 @@
+"""Shared fixtures. Server fixtures (redis-server, celery workers) live in tests/servers.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from farm import adapter
+from farm.environment import clear_environment_memo
+
+
+def cuda_available() -> bool:
+    from farm.runtimes.cuda import device_count
+
+    return device_count() > 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(item.get_closest_marker("gpu") for item in items) and not cuda_available():
+        skip = pytest.mark.skip(reason="no CUDA device (CuPy or a GPU is missing)")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_controller(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Each test gets no installed controller, fresh environment probes and its own device-lock folder."""
+    adapter._uninstall_for_tests()
+    clear_environment_memo()
+    monkeypatch.setenv("FARM_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
+    for tag in ("FARM_AUTOTUNE_DRIVER_TAG", "FARM_AUTOTUNE_BUILD_TAG", "FARM_AUTOTUNE_CONTEXT_TAG"):
+        monkeypatch.delenv(tag, raising=False)
+    yield
+    adapter._uninstall_for_tests()
+    clear_environment_memo()
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
