@@ -176,7 +176,7 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
     memo = (id(tuner), name, device_id, client, tunable.generate_key(inputs))
     found = tunable.prepared.get(memo)
     if found is not None:
-        return found  # type: ignore[no-any-return]
+        return found
     reference = tunable.stack_reference()
     if reference is None or not 0 <= reference < len(tunable):
         raise TuneFailure.invalid(f"{name}: no explicit reference was registered")

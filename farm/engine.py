@@ -26,10 +26,19 @@ from typing import NamedTuple, Protocol
 from farm.errors import FailureKind, TuneFailure
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
-from farm.scoring import Pair, Selection, judge, valid_seconds
+from farm.scoring import Pair, valid_seconds
 from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
+from farm.trials import (
+    Outcome,
+    ValidationUnavailable,
+    candidate_trials,
+    decide,
+    pre_trial_skip,
+    reference_noise,
+    reference_trials,
+)
 
 
 class Validation(enum.Enum):
@@ -56,7 +65,7 @@ class DecisionSource(enum.Enum):
 class Decision(NamedTuple):
     """The candidate to run. ``ratio`` is selected/reference median time (1.0 for the reference)."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: a NamedTuple keeps hits cheap
     reference_index: int
     name: str
     source: DecisionSource
@@ -148,10 +157,6 @@ class Request(NamedTuple):
     lane: str
 
 
-class _SkipCandidate(Exception):
-    """A candidate failed during its trials; the note says why."""
-
-
 _STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
 
 
@@ -186,7 +191,6 @@ class StackTuner:
         self._quarantined: set[str] = set()
         self._tuning_keys: set[str] = set()
         self._tuning_lanes: set[str] = set()
-        self._validated_stored: set[str] = set()
         self._windows: OrderedDict[str, deque[float]] = OrderedDict()
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
 
@@ -350,139 +354,51 @@ class StackTuner:
         deadline = started + policy.budget
         ref = req.reference
         cands = req.candidates
-        reports: dict[int, CandidateReport] = {}
-
-        reference_times = self._reference_trials(req, runner)
-        if reference_times is None:
+        names = [c.name for c in cands]
+        try:
+            reference_times = reference_trials(runner, policy, ref, names[ref])
+        except ValidationUnavailable:
+            with self._lock:
+                self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        ref_ratio_mad = statistics.median(abs(t / statistics.median(reference_times) - 1) for t in reference_times)
-        reports[ref] = CandidateReport(cands[ref].name, len(reference_times), 1.0, ref_ratio_mad, True, "reference")
-
-        selection = Selection(ref, policy)
-        budget_exhausted = False
-        tried = 1
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
+        outcomes: list[Outcome] = []
+        skipped: dict[int, str] = {}
+        budget_exhausted = False
+        tried = 1
         for index, cand in enumerate(cands):
             if index == ref:
                 continue
-            note = None
-            if not cand.eligible:
-                note = "skipped: not eligible"
-            elif not fits_workspace(cand, policy):
-                note = f"skipped: workspace {cand.workspace_bytes!r} does not fit limit {policy.workspace_limit}"
-            elif cand.name in banned:
-                note = "skipped: banned for this key after a failure or regression"
-            elif tried >= policy.max_candidates:
+            note = pre_trial_skip(cand, policy, cand.name in banned)
+            if note is None and tried >= policy.max_candidates:
                 note = f"not tried: max_candidates {policy.max_candidates} reached"
-            elif budget_exhausted or time.monotonic() > deadline:
+            if note is None and (budget_exhausted or time.monotonic() > deadline):
                 budget_exhausted = True
                 note = f"not tried: budget of {policy.budget:g}s exhausted"
             if note is not None:
-                reports[index] = CandidateReport(cand.name, 0, None, None, False, note)
+                skipped[index] = note
                 continue
             tried += 1
-            pairs: list[Pair] = []
-            verified = False
-            try:
-                verified = self._candidate_trials(req, runner, index, pairs, deadline)
-            except _SkipCandidate as skip:
-                if "budget" in str(skip):
-                    budget_exhausted = True
-                reports[index] = CandidateReport(cand.name, len(pairs), None, None, verified, str(skip), tuple(pairs))
-                continue
-            verdict = judge(pairs, policy)
-            if verdict.accepted and selection.offer(index, verdict.ratio or 1.0, verified):
-                note = f"leading: {verdict.note}"
-            elif verdict.accepted and verdict.ratio is not None and verdict.ratio * policy.min_speedup <= 1.0:
-                note = f"beaten: {verdict.note}, {cands[selection.index].name} is faster"
-            else:
-                note = verdict.note
-            reports[index] = CandidateReport(
-                cand.name, len(pairs), verdict.ratio, verdict.relative_mad, verified, note, tuple(pairs)
-            )
-
+            outcome = candidate_trials(runner, policy, ref, index, names, deadline)
+            budget_exhausted = budget_exhausted or outcome.budget_exhausted
+            outcomes.append(outcome)
+        selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
-        for index, report in reports.items():
-            if index == winner and index != ref:
-                reports[index] = CandidateReport(
-                    report.name, report.samples, report.ratio, report.relative_mad, report.verified,
-                    report.note.replace("leading: ", "selected: ", 1), report.pairs,
-                )
-            elif report.note.startswith("leading: "):
-                reports[index] = CandidateReport(
-                    report.name, report.samples, report.ratio, report.relative_mad, report.verified,
-                    f"beaten: {report.note[9:]}, {cands[winner].name} is faster", report.pairs,
-                )
-        record = DecisionRecord(req.key, winner, ref, cands[winner].name, selection.verified, selection.ratio, time.time())
+        reports = {j.index: CandidateReport(j.name, j.samples, j.ratio, j.relative_mad, j.verified, j.note, j.pairs) for j in judged}
+        reports.update({i: CandidateReport(names[i], 0, None, None, False, note) for i, note in skipped.items()})
+        ref_note = "selected: reference" if winner == ref else "reference"
+        reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True, ref_note)
+        record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time())
         self._store(req, record)
         report = TuneReport(
             req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
-            cands[winner].name, time.monotonic() - started, budget_exhausted,
-            tuple(reports[i] for i in sorted(reports)),
+            names[winner], time.monotonic() - started, budget_exhausted, tuple(reports[i] for i in sorted(reports)),
         )
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)
-        return Decision(winner, ref, cands[winner].name, DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
-
-    def _reference_trials(self, req: Request, runner: TrialRunner) -> list[float] | None:
-        """Warm up, self-validate and time the reference. None: validation is unavailable for this key."""
-        policy = self._policy
-        ref = req.reference
-        name = req.candidates[ref].name
-        try:
-            for _ in range(policy.warmups):
-                _seconds(runner.measure(ref), name)
-            verdict = runner.validate(ref, ref, policy.tolerance)
-            if verdict is Validation.UNSUPPORTED and policy.require_validation:
-                with self._lock:
-                    self._validation_unavailable.add(req.key)
-                return None
-            return [_seconds(runner.measure(ref), name) for _ in range(policy.samples)]
-        except TuneFailure as e:
-            if e.kind is FailureKind.DEVICE:
-                raise
-            raise TuneFailure.rejected(f"reference {name!r} failed: {e.message}") from e
-        except _SkipCandidate as e:
-            raise TuneFailure.rejected(f"reference {name!r} failed: {e}") from e
-        except Exception as e:
-            raise TuneFailure.rejected(f"reference {name!r} failed: {type(e).__name__}: {e}") from e
-
-    def _candidate_trials(
-        self, req: Request, runner: TrialRunner, index: int, pairs: list[Pair], deadline: float
-    ) -> bool:
-        """Warm up, validate, then take paired samples alternating which runs first. Returns ``verified``."""
-        policy = self._policy
-        ref = req.reference
-        name = req.candidates[index].name
-        ref_name = req.candidates[ref].name
-        try:
-            for _ in range(policy.warmups):
-                _seconds(runner.measure(index), name)
-            verdict = runner.validate(ref, index, policy.tolerance)
-            if verdict is Validation.UNSUPPORTED and policy.require_validation:
-                raise _SkipCandidate("skipped: validation unsupported (readback above tolerance.max_bytes?)")
-            verified = verdict is Validation.PASSED
-            for sample in range(policy.samples):
-                if time.monotonic() > deadline:
-                    raise _SkipCandidate(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
-                if sample % 2 == 0:
-                    r = _seconds(runner.measure(ref), ref_name)
-                    c = _seconds(runner.measure(index), name)
-                else:
-                    c = _seconds(runner.measure(index), name)
-                    r = _seconds(runner.measure(ref), ref_name)
-                pairs.append((r, c))
-            return verified
-        except TuneFailure as e:
-            if e.kind is FailureKind.DEVICE:
-                raise
-            raise _SkipCandidate(f"rejected: {e.message}") from e
-        except _SkipCandidate:
-            raise
-        except Exception as e:
-            raise _SkipCandidate(f"rejected: {type(e).__name__}: {e}") from e
+        return Decision(winner, ref, names[winner], DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
 
     def _store(self, req: Request, record: DecisionRecord) -> None:
         with self._lock:
@@ -557,7 +473,3 @@ class StackTuner:
             return set(self._quarantined)
 
 
-def _seconds(value: float, name: str) -> float:
-    if not valid_seconds(value):
-        raise _SkipCandidate(f"rejected: {name!r} reported a non-positive or non-finite time ({value!r})")
-    return float(value)

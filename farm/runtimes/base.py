@@ -8,8 +8,9 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from farm.errors import TuneFailure
 
@@ -27,9 +28,9 @@ class ComputeClient(Protocol):
 
     def sync(self) -> None: ...
 
-    def exclusive(self) -> ContextManager[None]: ...
+    def exclusive(self) -> AbstractContextManager[None]: ...
 
-    def activate(self) -> ContextManager[None]: ...
+    def activate(self) -> AbstractContextManager[None]: ...
 
     def profile(self, fn: Callable[[], Any]) -> tuple[Any, float]: ...
 

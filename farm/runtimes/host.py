@@ -79,7 +79,7 @@ def _cpu_model() -> str:
 @cache
 def _blas() -> str:
     try:
-        config: Any = np.show_config(mode="dicts")  # type: ignore[func-returns-value]
+        config: Any = np.show_config(mode="dicts")
         blas = config.get("Build Dependencies", {}).get("blas", {})
         return f"{blas.get('name', '?')} {blas.get('version', '?')}"
     except Exception:

@@ -1,0 +1,202 @@
+"""The trial protocol and the decision over its outcomes: the one code path shared by the in-process
+controller (``engine``) and the farm (a worker runs the trials of one group, the coordinator decides).
+
+- :func:`reference_trials`: warm up, validate the reference against itself, time it.
+- :func:`candidate_trials`: warm up, validate against the reference, then ``samples`` PAIRS of (reference,
+  candidate) timings alternating which runs first. Failures become an :class:`Outcome` with a note.
+- :func:`decide`: judge every outcome in plan order with :mod:`farm.scoring` and pick the winner.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.errors import FailureKind, TuneFailure
+from farm.identity import Candidate, fits_workspace
+from farm.policy import StackPolicy
+from farm.scoring import Pair, Selection, judge, valid_seconds
+
+
+class _Skip(Exception):
+    """A candidate failed during its trials; the message is the note."""
+
+
+class ValidationUnavailable(Exception):
+    """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the trials of one candidate produced. ``failure`` is set when it was skipped or rejected; otherwise
+    its ``pairs`` are judged. ``budget_exhausted`` marks a candidate cut off by the budget."""
+
+    index: int
+    name: str
+    pairs: tuple[Pair, ...] = ()
+    verified: bool = False
+    failure: str | None = None
+    budget_exhausted: bool = False
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "pairs": [list(p) for p in self.pairs],
+            "verified": self.verified,
+            "failure": self.failure,
+            "budget_exhausted": self.budget_exhausted,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        return cls(
+            index=int(data["index"]),
+            name=str(data["name"]),
+            pairs=tuple((float(r), float(c)) for r, c in data["pairs"]),
+            verified=bool(data["verified"]),
+            failure=data.get("failure"),
+            budget_exhausted=bool(data.get("budget_exhausted", False)),
+            max_abs_error=data.get("max_abs_error"),
+            max_rel_error=data.get("max_rel_error"),
+        )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """An outcome after the selection rule: its ratio (if scored), noise, and the note for the report."""
+
+    index: int
+    name: str
+    samples: int
+    ratio: float | None
+    relative_mad: float | None
+    verified: bool
+    note: str
+    pairs: tuple[Pair, ...] = field(default=())
+
+
+def seconds(value: float, name: str) -> float:
+    if not valid_seconds(value):
+        raise _Skip(f"rejected: {name!r} reported a non-positive or non-finite time ({value!r})")
+    return float(value)
+
+
+def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str) -> list[float]:
+    """Warm up, self-validate and time the reference ``samples`` times.
+
+    Raises ValidationUnavailable when its output cannot be checked and validation is required, TuneFailure
+    DEVICE for a device failure, and TuneFailure REJECTED when the reference itself fails.
+    """
+    from farm.engine import Validation
+
+    try:
+        for _ in range(policy.warmups):
+            seconds(runner.measure(reference), name)
+        verdict = runner.validate(reference, reference, policy.tolerance)
+        if verdict is Validation.UNSUPPORTED and policy.require_validation:
+            raise ValidationUnavailable(name)
+        return [seconds(runner.measure(reference), name) for _ in range(policy.samples)]
+    except (ValidationUnavailable, TuneFailure) as e:
+        if isinstance(e, ValidationUnavailable) or e.kind is FailureKind.DEVICE:
+            raise
+        raise TuneFailure.rejected(f"reference {name!r} failed: {e.message}") from e
+    except Exception as e:
+        raise TuneFailure.rejected(f"reference {name!r} failed: {type(e).__name__}: {e}") from e
+
+
+def candidate_trials(
+    runner: Any, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
+) -> Outcome:
+    """Warm up, validate against the reference, then take paired samples alternating which runs first.
+
+    Returns an Outcome (with ``failure`` set when the candidate erred, was wrong, unverifiable or ran out of
+    budget). Only a DEVICE failure propagates.
+    """
+    from farm.engine import Validation
+
+    name, ref_name = names[index], names[reference]
+    pairs: list[Pair] = []
+    verified = False
+    budget_hit = False
+    try:
+        for _ in range(policy.warmups):
+            seconds(runner.measure(index), name)
+        verdict = runner.validate(reference, index, policy.tolerance)
+        if verdict is Validation.UNSUPPORTED and policy.require_validation:
+            raise _Skip("skipped: validation unsupported (output readback above tolerance.max_bytes)")
+        verified = verdict is Validation.PASSED
+        for sample in range(policy.samples):
+            if time.monotonic() > deadline:
+                budget_hit = True
+                raise _Skip(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
+            if sample % 2 == 0:
+                r = seconds(runner.measure(reference), ref_name)
+                c = seconds(runner.measure(index), name)
+            else:
+                c = seconds(runner.measure(index), name)
+                r = seconds(runner.measure(reference), ref_name)
+            pairs.append((r, c))
+        failure = None
+    except TuneFailure as e:
+        if e.kind is FailureKind.DEVICE:
+            raise
+        failure = f"rejected: {e.message}"
+    except _Skip as e:
+        failure = str(e)
+    except Exception as e:
+        failure = f"rejected: {type(e).__name__}: {e}"
+    check = getattr(runner, "last_check", None)
+    errors = (check.max_abs_error, check.max_rel_error) if check is not None and check.problem is None else (None, None)
+    return Outcome(index, name, tuple(pairs), verified, failure, budget_hit, *errors)
+
+
+def pre_trial_skip(candidate: Candidate, policy: StackPolicy, banned: bool) -> str | None:
+    """Why a candidate is not tried at all (ineligible, workspace, banned), or None."""
+    if not candidate.eligible:
+        return "skipped: not eligible"
+    if not fits_workspace(candidate, policy):
+        return f"skipped: workspace {candidate.workspace_bytes!r} does not fit limit {policy.workspace_limit}"
+    if banned:
+        return "skipped: banned for this key after a failure or regression"
+    return None
+
+
+def reference_noise(times: Sequence[float]) -> float:
+    """Relative MAD of the reference's own timings."""
+    median = statistics.median(times)
+    return statistics.median(abs(t / median - 1.0) for t in times)
+
+
+def decide(
+    reference: int, names: Sequence[str], outcomes: Sequence[Outcome], policy: StackPolicy
+) -> tuple[Selection, list[Judged]]:
+    """Apply the selection rule to outcomes in plan order; return the winner and a judged entry per outcome."""
+    selection = Selection(reference, policy)
+    judged: list[Judged] = []
+    for outcome in outcomes:
+        if outcome.failure is not None:
+            judged.append(Judged(outcome.index, outcome.name, len(outcome.pairs), None, None, outcome.verified, outcome.failure, outcome.pairs))
+            continue
+        verdict = judge(outcome.pairs, policy)
+        note = verdict.note
+        if verdict.accepted and verdict.ratio is not None:
+            selection.offer(outcome.index, verdict.ratio, outcome.verified)
+        judged.append(Judged(outcome.index, outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad, outcome.verified, note, outcome.pairs))
+    winner = selection.index
+    final = []
+    for j in judged:
+        note = j.note
+        if j.index == winner:
+            note = f"selected: {note}"
+        elif j.ratio is not None and j.note.startswith("ratio "):
+            note = f"beaten: {note}, {names[winner]} is faster"
+        final.append(Judged(j.index, j.name, j.samples, j.ratio, j.relative_mad, j.verified, note, j.pairs))
+    return selection, final
