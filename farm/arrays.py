@@ -41,6 +41,18 @@ def array_signature(*args: object) -> str:
     return ";".join(parts)
 
 
+def array_key(*args: object) -> tuple[object, ...]:
+    """A cheap hashable key equivalent to :func:`array_signature` (same arguments -> same key, and back)."""
+    key: list[object] = []
+    for arg in args:
+        if is_array(arg):
+            a: Any = arg
+            key.append((type(a), a.dtype.str, a.shape, a.strides))
+        else:
+            key.append((type(arg), arg))
+    return tuple(key)
+
+
 def clone(value: Any) -> Any:
     """A fresh copy with the same dtype, shape AND strides (a non-contiguous view stays a strided view)."""
     if isinstance(value, tuple):

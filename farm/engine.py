@@ -193,6 +193,7 @@ class StackTuner:
         self._tuning_lanes: set[str] = set()
         self._windows: OrderedDict[str, deque[float]] = OrderedDict()
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
+        self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
 
     @property
     def policy(self) -> StackPolicy:
@@ -243,17 +244,15 @@ class StackTuner:
         with self._lock:
             record = self._memory.get(key)
             if record is not None:
+                now = time.time()
                 if (
-                    record.is_fresh(time.time(), policy.ttl)
+                    record.created <= now <= record.created + policy.ttl
                     and (record.verified or not policy.require_validation)
-                    and (key, record.name) not in self._banned
+                    and (not self._banned or (key, record.name) not in self._banned)
                 ):
                     self._counters["memory_hits"] += 1
-                    return Decision(
-                        record.index, record.reference_index, record.name, DecisionSource.MEMORY_CACHE,
-                        record.verified, record.ratio, key,
-                    )
-                self._memory.delete(key)
+                    return self._hits[key]
+                self._forget(key)
             if key in self._validation_unavailable:
                 return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
             if is_tuning():
@@ -280,6 +279,20 @@ class StackTuner:
             with self._lock:
                 self._tuning_keys.discard(key)
                 self._tuning_lanes.discard(req.lane)
+
+    def _remember(self, record: DecisionRecord) -> None:
+        """Put a record in memory with its ready-made hit decision. Caller holds the lock."""
+        for evicted in self._memory.put(record):
+            self._hits.pop(evicted, None)
+        self._hits[record.cache_key] = Decision(
+            record.index, record.reference_index, record.name, DecisionSource.MEMORY_CACHE, record.verified,
+            record.ratio, record.cache_key,
+        )
+
+    def _forget(self, key: str) -> None:
+        """Drop a memory record. Caller holds the lock."""
+        self._memory.delete(key)
+        self._hits.pop(key, None)
 
     def _reference(self, req: Request, source: DecisionSource) -> Decision:
         ref = req.reference
@@ -344,7 +357,7 @@ class StackTuner:
                 self._count("cache_warnings")
                 return None
         with self._lock:
-            self._memory.put(record)
+            self._remember(record)
             self._counters["disk_hits" if source is DecisionSource.DISK_CACHE else "fleet_hits"] += 1
         return Decision(record.index, record.reference_index, record.name, source, record.verified, record.ratio, req.key)
 
@@ -402,7 +415,7 @@ class StackTuner:
 
     def _store(self, req: Request, record: DecisionRecord) -> None:
         with self._lock:
-            self._memory.put(record)
+            self._remember(record)
         if req.problem.persistent and self._disk is not None:
             try:
                 self._disk.put(record)
@@ -419,7 +432,7 @@ class StackTuner:
         """Forget the decision in memory and on disk; with ``ban_candidate`` never pick that winner for the key
         again in this process (the reference is never banned)."""
         with self._lock:
-            self._memory.delete(decision.cache_key)
+            self._forget(decision.cache_key)
             self._windows.pop(decision.cache_key, None)
             if ban_candidate and decision.index != decision.reference_index:
                 self._banned.add((decision.cache_key, decision.name))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
-from farm.arrays import clone
+from farm.arrays import array_key, array_signature, clone
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
@@ -70,7 +70,8 @@ class TunableSet:
     - ``signature(*inputs) -> str``: the exact workload (dtype, shape, strides, parameters); required.
     - ``generate(*inputs) -> Inputs``: fresh, isolated inputs for a trial (default: layout-preserving copies of
       every array), so trials never share writable buffers with each other or with the live request.
-    - ``key(*inputs) -> Hashable``: the memo key of a workload (default: the signature).
+    - ``key(*inputs) -> Hashable``: the memo key of a workload; it must separate every pair of inputs the
+      signature separates (default: the signature, or a cheaper equivalent for ``array_signature``).
     - ``tolerance(*inputs) -> Tolerance | None``: a per-workload tolerance (e.g. by dtype) that replaces the
       policy's for validation; its source is part of the checksum.
     """
@@ -182,6 +183,8 @@ class TunableSet:
     def generate_key(self, inputs: Inputs) -> Hashable:
         if self._key is not None:
             return self._key(*inputs)
+        if self._signature is array_signature:
+            return array_key(*inputs)  # same partition as the signature, ten times cheaper
         return self.stack_workload(inputs)
 
     def generate_inputs(self, inputs: Inputs) -> Inputs:

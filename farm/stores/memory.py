@@ -23,11 +23,14 @@ class MemoryStore:
             self._records.move_to_end(cache_key)
         return record
 
-    def put(self, record: DecisionRecord) -> None:
+    def put(self, record: DecisionRecord) -> list[str]:
+        """Insert or replace; return the keys evicted to stay within capacity."""
         self._records.pop(record.cache_key, None)
         self._records[record.cache_key] = record
+        evicted = []
         while len(self._records) > self.capacity:
-            self._records.popitem(last=False)
+            evicted.append(self._records.popitem(last=False)[0])
+        return evicted
 
     def delete(self, cache_key: str) -> None:
         self._records.pop(cache_key, None)
