@@ -19,7 +19,7 @@ from farm.arrays import OutputCheck, compare_outputs
 from farm.engine import Request, StackTuner, Validation, tuning_scope
 from farm.environment import runtime_environment
 from farm.errors import TuneFailure
-from farm.identity import Problem, Scope, fields
+from farm.identity import Candidate, Problem, Scope, fields
 from farm.policy import MemoryEviction, StackPolicy, Timing, Tolerance
 from farm.runtimes.base import ComputeClient
 from farm.stores.base import DecisionStore
@@ -171,20 +171,28 @@ def problem_for(name: str, device_id: str, client: ComputeClient, tunable: Tunab
     )
 
 
-def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Prepared:
-    """Build (and memoize on the set, bounded) the request for this workload on this client."""
-    memo = (id(tuner), name, device_id, client, tunable.generate_key(inputs))
-    found = tunable.prepared.get(memo)
-    if found is not None:
-        return found
+def stack_request(
+    name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs
+) -> tuple[Problem, list[Candidate], list[int]]:
+    """The problem, the candidate list (reference first, then every planned group) and the implementation index
+    of each candidate: exactly what ``try_execute_stack`` tunes, so farm workers compute the same cache key."""
     reference = tunable.stack_reference()
     if reference is None or not 0 <= reference < len(tunable):
         raise TuneFailure.invalid(f"{name}: no explicit reference was registered")
-    indices = tuple(tunable.search_order())
+    order = tunable.search_order()
     problem = problem_for(name, device_id, client, tunable, inputs)
-    candidates = [tunable[i].candidate() for i in indices]
+    return problem, [tunable[i].candidate() for i in order], order
+
+
+def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Prepared:
+    """Build (and memoize on the set, bounded) the request for this workload on this client."""
+    memo = (tuner, name, device_id, client, tunable.generate_key(inputs))  # not id(): ids are reused
+    found = tunable.prepared.get(memo)
+    if found is not None:
+        return found
+    problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)
     request = tuner.request(problem, candidates, 0, device=client.device_id)
-    built = Prepared(request, indices, tuple(tunable[i].fn for i in indices))
+    built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
     with tunable.prepared_lock:
         if len(tunable.prepared) >= 4096:
             tunable.prepared.pop(next(iter(tunable.prepared)))

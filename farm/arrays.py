@@ -32,7 +32,10 @@ def array_signature(*args: object) -> str:
         if is_array(arg):
             a: Any = arg
             itemsize = a.dtype.itemsize
-            strides = tuple(s // itemsize for s in a.strides) if itemsize else a.strides
+            if itemsize and all(s % itemsize == 0 for s in a.strides):
+                strides: tuple[object, ...] = tuple(s // itemsize for s in a.strides)
+            else:  # strides that are not whole elements stay in bytes, so two layouts never share a signature
+                strides = ("bytes", *a.strides)
             parts.append(f"{array_module(a)}:{a.dtype.str}{a.shape}s{strides}")
         elif isinstance(arg, (bool, int, float, str)) or arg is None:
             parts.append(f"{type(arg).__name__}={arg!r}")
@@ -71,12 +74,24 @@ def clone(value: Any) -> Any:
         if fresh is not None and fresh.strides == root.strides:
             offset = value.__array_interface__["data"][0] - root.__array_interface__["data"][0]
             return np.ndarray(value.shape, value.dtype, buffer=fresh, offset=offset, strides=value.strides)
-        return np.lib.stride_tricks.as_strided(value.copy(), value.shape, value.strides).copy()
+        return _restride(value)
     # CuPy: rebuild the view on a copy of the owning buffer.
     xp = __import__("cupy")
     fresh = root.copy()
     offset = value.data.ptr - root.data.ptr
     return xp.ndarray(value.shape, value.dtype, memptr=fresh.data + offset, strides=value.strides)
+
+
+def _restride(value: np.ndarray) -> np.ndarray:
+    """Copy ``value`` into a fresh buffer spanning exactly its strided extent, keeping its strides."""
+    if value.size == 0:
+        return np.empty_like(value)
+    low = sum(min(0, (n - 1) * s) for n, s in zip(value.shape, value.strides, strict=True))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(value.shape, value.strides, strict=True)) + value.itemsize
+    buffer = np.empty(high - low, dtype=np.uint8)
+    fresh = np.ndarray(value.shape, value.dtype, buffer=buffer, offset=-low, strides=value.strides)
+    fresh[...] = value  # overlapping strides alias the same elements in both arrays, so the copy is exact
+    return fresh
 
 
 def to_host(value: Any) -> np.ndarray:

@@ -347,8 +347,8 @@ class StackTuner:
                 return None
             try:
                 verdict = runner.validate(req.reference, record.index, policy.tolerance)
-            except TuneFailure as e:
-                if e.kind is FailureKind.DEVICE:
+            except Exception as e:  # a failed check of a stored winner is a miss, never an error for the caller
+                if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
                     raise
                 verdict = None
             if verdict is not Validation.PASSED and (verdict is None or policy.require_validation):

@@ -121,12 +121,17 @@ def probe_environment(client: ComputeClient) -> RuntimeEnvironment:
         driver = probed or driver_tag
     build = build_identity()
     persistent = driver is not None and build != UNAVAILABLE
+    # A session-only identity is unique to this process, so nothing can be shared under it.
+    if driver is None:
+        driver = session_identity()
+    elif not persistent:
+        driver = fields([driver, session_identity()])
     fingerprint = fields(
         [
             client.backend,
             client.device_kind,
             client.properties_fingerprint(),
-            driver if driver is not None else session_identity(),
+            driver,
             client.compiler(),
             build,
             os.environ.get(BUILD_TAG, ""),

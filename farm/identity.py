@@ -58,6 +58,27 @@ def fields(parts: Iterable[str]) -> str:
     return "".join(f"{len(p.encode())}:{p}" for p in parts)
 
 
+def split_fields(text: str) -> list[str]:
+    """Invert :func:`fields`. Raises ValueError for text that is not a length-delimited encoding."""
+    data = text.encode()
+    parts: list[str] = []
+    at = 0
+    while at < len(data):
+        colon = data.index(b":", at)
+        length = int(data[at:colon])
+        start = colon + 1
+        if length < 0 or start + length > len(data):
+            raise ValueError(f"field at byte {at} runs past the end")
+        parts.append(data[start : start + length].decode())
+        at = start + length
+    return parts
+
+
+def key_environment(key: str) -> str:
+    """The environment fingerprint inside a cache key made by :func:`cache_key`."""
+    return split_fields(key)[3]
+
+
 def manifest(candidates: Sequence[Candidate]) -> str:
     """The ordered candidate manifest: name, revision, workspace estimate and eligibility of each."""
     return fields(

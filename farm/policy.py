@@ -47,9 +47,9 @@ class Tolerance:
     def validate(self, where: str = "tolerance") -> None:
         for name in ("absolute", "relative"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise TuneFailure.invalid(f"{where}.{name} must be finite and >= 0, got {value!r}")
-        if not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
+        if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise TuneFailure.invalid(f"{where}.max_bytes must be a positive integer, got {self.max_bytes!r}")
 
     def to_dict(self) -> dict[str, float | int]:
@@ -142,14 +142,15 @@ class StackPolicy:
         from farm.identity import fields
 
         t = self.tolerance
+        # float(): a setting written as 1 or 1.0 (TOML, JSON) means the same thing and must name the same key.
         return fields(
             [
                 "timing=" + self.timing.value,
                 f"require_validation={self.require_validation}",
-                f"tolerance={t.absolute!r},{t.relative!r},{t.max_bytes}",
+                f"tolerance={float(t.absolute)!r},{float(t.relative)!r},{t.max_bytes}",
                 f"workspace_limit={self.workspace_limit}",
-                f"min_speedup={self.min_speedup!r}",
-                f"max_relative_mad={self.max_relative_mad!r}",
+                f"min_speedup={float(self.min_speedup)!r}",
+                f"max_relative_mad={float(self.max_relative_mad)!r}",
             ]
         )
 

@@ -126,10 +126,13 @@ def candidate_trials(
     pairs: list[Pair] = []
     verified = False
     budget_hit = False
+    check: Any = None
     try:
         for _ in range(policy.warmups):
             seconds(runner.measure(index), name)
         verdict = runner.validate(reference, index, policy.tolerance)
+        # Only this candidate's own comparison: a failure before validation leaves the previous candidate's.
+        check = getattr(runner, "last_check", None)
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise _Skip("skipped: validation unsupported (output readback above tolerance.max_bytes)")
         verified = verdict is Validation.PASSED
@@ -153,7 +156,6 @@ def candidate_trials(
         failure = str(e)
     except Exception as e:
         failure = f"rejected: {type(e).__name__}: {e}"
-    check = getattr(runner, "last_check", None)
     errors = (check.max_abs_error, check.max_rel_error) if check is not None and check.problem is None else (None, None)
     return Outcome(index, name, tuple(pairs), verified, failure, budget_hit, *errors)
 

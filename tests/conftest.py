@@ -1,8 +1,10 @@
-"""Shared fixtures. Server fixtures (redis-server, celery workers) live in tests/servers.py."""
+"""Shared fixtures. The server helpers (redis-server, farm workers) live in tests/servers.py."""
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,4 +39,23 @@ def _isolated_controller(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     clear_environment_memo()
 
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests/servers.py, tests/farm_testops.py
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def redis_srv(tmp_path_factory: pytest.TempPathFactory):
+    """A private redis-server for the whole session (fails the run if redis-server is missing)."""
+    from servers import redis_server
+
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_db(redis_srv):
+    """Database 1 of the private server, emptied (with the broker's database 0) before the test."""
+    client = redis_srv.client(1)
+    client.flushall()
+    yield client
+    client.close()

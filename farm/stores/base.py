@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 SCHEMA_VERSION = 1
@@ -20,6 +21,8 @@ class DecisionRecord:
     """A stored decision: which candidate won for one exact cache key, and how sure we are.
 
     ``created`` is seconds since the epoch; records older than the policy's ttl, or dated in the future, are stale.
+    ``meta`` carries what the farm knows beyond the decision (run, provenance, operation, workload spec); the
+    controller ignores it, but it is covered by the checksum like every other field.
     """
 
     cache_key: str
@@ -29,9 +32,11 @@ class DecisionRecord:
     verified: bool
     ratio: float
     created: float
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"schema": SCHEMA_VERSION, **asdict(self)}
+        body["meta"] = dict(self.meta)
         body["checksum"] = _checksum(body)
         return body
 
@@ -54,6 +59,7 @@ class DecisionRecord:
                 verified=_typed(data, "verified", bool),
                 ratio=float(_typed(data, "ratio", (int, float))),
                 created=float(_typed(data, "created", (int, float))),
+                meta=_typed(data, "meta", dict) if "meta" in data else {},
             )
         except (KeyError, TypeError) as e:
             raise CorruptRecord(str(e)) from e
@@ -66,6 +72,16 @@ class DecisionRecord:
     def is_fresh(self, now: float, ttl: float) -> bool:
         """Within ttl and not dated in the future."""
         return self.created <= now and now - self.created <= ttl
+
+
+def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:
+    """The replacement rule of every shared tier (Redis, archives): a verified record beats an unverified one;
+    otherwise the newer one (by ``created``) wins, ties going to the newcomer. Mirrored in ``publish.lua``."""
+    if old is None:
+        return True
+    if old.verified != new.verified:
+        return new.verified
+    return new.created >= old.created
 
 
 def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

@@ -1,0 +1,1 @@
+"""The coordinator: expands a catalog into group tasks, aggregates results into decisions, publishes them."""

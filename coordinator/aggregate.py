@@ -1,0 +1,135 @@
+"""Aggregation: group results -> one decision, by the same rule and code as the in-process controller
+(``farm.trials.decide`` over ``farm.scoring``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.plan import Problem
+from farm.environment import farm_version
+from farm.policy import StackPolicy
+from farm.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
+from farm.scoring import judge
+from farm.stores.base import DecisionRecord
+from farm.trials import Judged, Outcome, decide
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A problem's verdict. ``record`` is None when nothing can be published (every group failed, or
+    validation is unavailable); ``error`` then says why. ``judged`` lists every candidate with its note."""
+
+    problem: Problem
+    record: DecisionRecord | None
+    judged: tuple[Judged, ...]
+    winner: str | None
+    ratio: float | None
+    error: str | None
+    trial_seconds: float
+    winner_worker: str | None = None
+
+
+def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
+    results: list[GroupResult] = [problem.results[t.group] for t in problem.tasks]
+    trial_seconds = sum(r.trial_seconds for r in results)
+    ok = [r for r in results if r.status == STATUS_OK]
+    if any(r.status == STATUS_VALIDATION_UNAVAILABLE for r in results):
+        return Aggregate(problem, None, (), None, None, "validation unavailable: the reference output cannot be read back", trial_seconds)
+    if not ok:
+        errors = "; ".join(f"{r.group}: {r.error}" for r in results)
+        return Aggregate(problem, None, (), None, None, f"every group failed ({errors})", trial_seconds)
+    keys = {r.cache_key for r in ok}
+    if len(keys) != 1:
+        return Aggregate(problem, None, (), None, None, "groups disagree on the cache key (mixed builds?)", trial_seconds)
+    first = ok[0]
+    names = list(first.names)
+    outcomes: dict[int, Outcome] = {}
+    worker_of: dict[int, str] = {}
+    for r in ok:
+        for o in r.outcomes:
+            outcomes[o.index] = o
+            worker_of[o.index] = str(r.provenance.get("worker", ""))
+    for r in results:
+        if r.status != STATUS_OK:
+            for task in problem.tasks:
+                if task.group == r.group:
+                    for index in task.indices:
+                        pos = names.index(_name(problem, index))
+                        outcomes[pos] = Outcome(pos, names[pos], failure=f"group failed: {r.error}")
+    for impl_index, note in problem.skipped.items():
+        pos = names.index(_name(problem, impl_index))
+        outcomes[pos] = Outcome(pos, names[pos], failure=note)
+    selection, judged = decide(0, names, [outcomes[i] for i in sorted(outcomes)], policy)
+    winner = selection.index
+    ratio_mad = next((j.relative_mad for j in judged if j.index == winner), None)
+    samples = next((j.samples for j in judged if j.index == winner), len(first.reference_times))
+    meta: dict[str, Any] = {
+        "run": run,
+        "problem_id": problem.problem_id,
+        "operation": problem.workload.operation,
+        "device_kind": problem.target.device_kind,
+        "spec": problem.workload.spec,
+        "fingerprint": problem.target.digest,
+        "reference": names[0],
+        "relative_mad": ratio_mad,
+        "samples": samples,
+        "accuracy_key": policy.accuracy_key(),
+        "farm_version": farm_version(),
+        "workers": sorted({str(r.provenance.get("worker", "")) for r in ok}),
+        "candidates": [
+            {"name": j.name, "ratio": j.ratio, "relative_mad": j.relative_mad, "verified": j.verified, "note": j.note}
+            for j in judged
+        ],
+        "tuned_by": worker_of.get(winner),
+        "confirmed_by": None,
+    }
+    assert first.cache_key is not None
+    record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
+    return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds, worker_of.get(winner))
+
+
+def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggregate:
+    """Apply a second device's trials of the winner: it must validate and clear the same rule, or the
+    reference is kept (verified, ratio 1.0) with the reason in the record's meta."""
+    assert agg.record is not None
+    record = agg.record
+    outcome = result.outcomes[0] if result.status == STATUS_OK and result.outcomes else None
+    reason = None
+    confirmed_ratio = None
+    if result.cache_key != record.cache_key:
+        reason = "confirmation ran under a different cache key"
+    elif outcome is None:
+        reason = f"confirmation failed: {result.error or 'no outcome'}"
+    elif outcome.failure is not None:
+        reason = f"confirmation failed: {outcome.failure}"
+    else:
+        verdict = judge(outcome.pairs, policy)
+        confirmed_ratio = verdict.ratio
+        if not verdict.accepted or verdict.ratio is None or verdict.ratio * policy.min_speedup > 1.0:
+            reason = f"confirmation failed: {verdict.note}"
+        elif policy.require_validation and not outcome.verified:
+            reason = "confirmation failed: not verified on the second device"
+    meta = dict(record.meta)
+    meta["confirmed_by"] = result.provenance.get("worker")
+    meta["confirmation_ratio"] = confirmed_ratio
+    extra = (result.trial_seconds,)
+    if reason is None:
+        meta["confirmation"] = "confirmed"
+        confirmed = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
+        return _replace(agg, confirmed, agg.winner, agg.ratio, extra[0])
+    meta["confirmation"] = reason
+    meta["rejected_winner"] = record.name
+    reference = DecisionRecord(record.cache_key, 0, 0, str(meta["reference"]), True, 1.0, record.created, meta)
+    return _replace(agg, reference, reference.name, 1.0, extra[0])
+
+
+def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: float | None, extra_seconds: float) -> Aggregate:
+    return Aggregate(agg.problem, record, agg.judged, winner, ratio, agg.error, agg.trial_seconds + extra_seconds, agg.winner_worker)
+
+
+def _name(problem: Problem, impl_index: int) -> str:
+    from kernels import registry
+
+    return registry.get(problem.workload.operation).tunable(problem.target.device_kind)[impl_index].name

@@ -1,0 +1,102 @@
+"""Catalogs: which operations and workloads to tune, and with which policy (TOML, see docs/catalog.md).
+
+Loading validates everything before anything is enqueued: an error names the file, the problem and the field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from farm.errors import ConfigError, TuneFailure
+from farm.policy import StackPolicy
+from farm.protocol import canonical_json
+
+TOP_LEVEL = {"policy", "problems"}
+PROBLEM_FIELDS = {"operation", "devices", "workloads"}
+DEVICE_KINDS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One (operation, workload spec) of the catalog; ``where`` locates it in the file for messages."""
+
+    operation: str
+    devices: tuple[str, ...]
+    spec: dict[str, Any]
+    where: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    path: str
+    policy: StackPolicy
+    workloads: tuple[Workload, ...]
+    kernels: tuple[str, ...] = ()
+
+
+def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
+    """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem."""
+    from kernels import registry
+
+    source = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise ConfigError(source, "<file>", source, "no such file") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "<toml>", None, f"not valid TOML: {e}") from e
+    registry.ensure_loaded(kernels)
+    unknown = sorted(set(data) - TOP_LEVEL)
+    if unknown:
+        raise ConfigError(source, unknown[0], data[unknown[0]], f"unknown top-level key (expected {sorted(TOP_LEVEL)})")
+    policy_table = data.get("policy", {})
+    if not isinstance(policy_table, dict):
+        raise ConfigError(source, "policy", policy_table, "must be a table")
+    try:
+        policy = StackPolicy.from_dict(policy_table)
+    except TuneFailure as e:
+        raise ConfigError(source, "policy", policy_table, e.message) from e
+    problems = data.get("problems")
+    if not isinstance(problems, list) or not problems:
+        raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
+    workloads: list[Workload] = []
+    seen: dict[tuple[str, str], str] = {}
+    for i, problem in enumerate(problems):
+        where = f"problems[{i}]"
+        if not isinstance(problem, dict):
+            raise ConfigError(source, where, problem, "must be a table")
+        extra = sorted(set(problem) - PROBLEM_FIELDS)
+        if extra:
+            raise ConfigError(source, f"{where}.{extra[0]}", problem[extra[0]], f"unknown field (expected {sorted(PROBLEM_FIELDS)})")
+        name = problem.get("operation")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(source, f"{where}.operation", name, "must be an operation name")
+        if name not in registry.names():
+            raise ConfigError(source, f"{where}.operation", name, f"unknown operation (known: {', '.join(sorted(registry.names()))})")
+        operation = registry.get(name)
+        devices = problem.get("devices")
+        if devices is not None:
+            if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
+                raise ConfigError(source, f"{where}.devices", devices, "must be a non-empty list of device kinds")
+            for d in devices:
+                if d not in operation.devices:
+                    raise ConfigError(source, f"{where}.devices", d, f"{name} supports {list(operation.devices)}")
+        specs = problem.get("workloads")
+        if not isinstance(specs, list) or not specs:
+            raise ConfigError(source, f"{where}.workloads", specs, "must be a non-empty array of tables")
+        for j, spec in enumerate(specs):
+            at = f"{where}.workloads[{j}]"
+            if not isinstance(spec, dict):
+                raise ConfigError(source, at, spec, "must be a table")
+            # Without explicit devices, a workload runs on every kind that accepts its dtype.
+            kinds = tuple(devices) if devices is not None else operation.devices_for(spec) or operation.devices
+            operation.check_spec(spec, source, devices=kinds, prefix=at)
+            identity = (name, canonical_json(spec))
+            if identity in seen:
+                raise ConfigError(source, at, spec, f"duplicates {seen[identity]}")
+            seen[identity] = at
+            workloads.append(Workload(name, kinds, dict(spec), at))
+    return Catalog(source, policy, tuple(workloads), tuple(kernels))

@@ -1,0 +1,89 @@
+"""Dispatchers: how group tasks reach devices and results come back.
+
+- :class:`CeleryDispatcher`: ``send_task`` to the fingerprint's (or a worker's own) queue with time limits from
+  the policy; results are read from the shared results store as they complete (no chords); a task Celery marks
+  failed without a stored result (hard time limit, lost beyond retries) becomes a failed group result.
+- :class:`LocalDispatcher`: the embedded farm: runs each task in-process through an injected ``execute`` (the CLI
+  passes :func:`workers.tasks.run_group`, the very function the Celery task runs).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from farm.protocol import GROUP_TASK, GroupResult, GroupTask
+from farm.results import RedisResults
+from farm.settings import Settings
+
+Key = tuple[str, str, str]
+
+
+def task_key(task: GroupTask) -> Key:
+    return (task.run, task.problem_id, task.group)
+
+
+class CeleryDispatcher:
+    def __init__(self, app: Any, results: RedisResults, settings: Settings, state_poll: float = 1.0) -> None:
+        self.app = app
+        self.results = results
+        self.settings = settings
+        self.pending: dict[Key, tuple[GroupTask, Any]] = {}
+        self._state_poll = state_poll
+        self._last_state_check = 0.0
+
+    def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None:
+        soft, hard = limits
+        handle = self.app.send_task(
+            GROUP_TASK, args=[task.to_dict()], queue=queue, soft_time_limit=soft, time_limit=hard,
+            task_id=f"{task.run}.{task.problem_id}.{task.group}.{int(time.time() * 1000)}",
+        )
+        self.pending[task_key(task)] = (task, handle)
+
+    def collect(self) -> list[GroupResult]:
+        """Results that completed since the last call (polls the results store, then Celery states)."""
+        if not self.pending:
+            return []
+        keys = list(self.pending)
+        done: list[GroupResult] = []
+        for key, result in zip(keys, self.results.get_many(keys), strict=True):
+            if result is not None:
+                done.append(result)
+                del self.pending[key]
+        now = time.monotonic()
+        if self.pending and now - self._last_state_check >= self._state_poll:
+            self._last_state_check = now
+            for key, (task, handle) in list(self.pending.items()):
+                if handle.state in ("FAILURE", "REVOKED"):
+                    error = f"task {handle.state.lower()}: {handle.result!r}"
+                    done.append(self.results.put_if_absent(GroupResult.failed(task, error)))
+                    del self.pending[key]
+        return done
+
+    def close(self) -> None:
+        self.pending.clear()
+
+
+class LocalDispatcher:
+    """Runs tasks one at a time in this process through ``execute(task, queue) -> result``."""
+
+    def __init__(self, execute: Callable[[GroupTask, str], GroupResult]) -> None:
+        self.execute = execute
+        self.queue: deque[tuple[GroupTask, str]] = deque()
+
+    @property
+    def pending(self) -> dict[Key, tuple[GroupTask, str]]:
+        return {task_key(t): (t, q) for t, q in self.queue}
+
+    def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None:
+        self.queue.append((task, queue))
+
+    def collect(self) -> list[GroupResult]:
+        if not self.queue:
+            return []
+        return [self.execute(*self.queue.popleft())]
+
+    def close(self) -> None:
+        self.queue.clear()

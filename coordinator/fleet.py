@@ -1,0 +1,81 @@
+"""Fleets: which fingerprints have live devices, the queue of each, and a second device for confirmations."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from coordinator.plan import Target
+from farm import presence
+from farm.protocol import GroupTask
+from farm.runtimes.base import parse_device
+from farm.settings import Settings
+
+SERVING = (presence.HEALTHY, presence.BUSY)
+
+
+class RedisFleet:
+    """The fleet as workers announce it in Redis (healthy or busy, heartbeat fresh)."""
+
+    def __init__(self, client: Any, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+
+    def workers(self) -> list[presence.WorkerInfo]:
+        return [w for w in presence.live_workers(self.client, self.settings)
+                if w.effective_state(self.settings) in SERVING]
+
+    def targets(self) -> list[Target]:
+        texts = self.client.hgetall(self.settings.fingerprints_key)
+        groups: dict[tuple[str, str], list[str]] = {}
+        for w in self.workers():
+            groups.setdefault((w.fingerprint, w.device_kind), []).append(w.worker_id)
+        return [Target(digest, texts.get(digest, digest), kind, tuple(ids)) for (digest, kind), ids in sorted(groups.items())]
+
+    def queue(self, target: Target) -> str:
+        return self.settings.fingerprint_queue(target.digest)
+
+    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str] | None:
+        for w in self.workers():
+            if w.fingerprint == target.digest and w.worker_id != exclude:
+                return w.worker_id, w.queue
+        return None
+
+
+class LocalFleet:
+    """The embedded farm's devices: worker contexts in this process (objects with client, worker_id, digest)."""
+
+    def __init__(self, contexts: list[Any]) -> None:
+        self.contexts = {c.worker_id: c for c in contexts}
+        self._turns = itertools.cycle(list(self.contexts))
+
+    def targets(self) -> list[Target]:
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for c in self.contexts.values():
+            groups.setdefault((c.digest, parse_device(c.client.device_id)[0]), []).append(c)
+        return [Target(digest, _fingerprint(cs[0]), kind, tuple(c.worker_id for c in cs))
+                for (digest, kind), cs in sorted(groups.items())]
+
+    def queue(self, target: Target) -> str:
+        return f"local.fp.{target.digest}"
+
+    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str] | None:
+        for worker_id, c in self.contexts.items():
+            if c.digest == target.digest and worker_id != exclude:
+                return worker_id, f"local.worker.{worker_id}"
+        return None
+
+    def context_for(self, task: GroupTask, queue: str) -> Any:
+        if queue.startswith("local.worker."):
+            return self.contexts[queue.removeprefix("local.worker.")]
+        for _ in range(len(self.contexts)):
+            c = self.contexts[next(self._turns)]
+            if c.digest == task.fingerprint:
+                return c
+        raise LookupError(f"no local device of fingerprint {task.fingerprint}")
+
+
+def _fingerprint(context: Any) -> str:
+    from farm.environment import runtime_environment
+
+    return runtime_environment(context.client).fingerprint

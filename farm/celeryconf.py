@@ -1,0 +1,39 @@
+"""The Celery configuration shared by workers and coordinators (a plain dict: no Celery import here).
+
+JSON only, late acknowledgement, one prefetched task, task events on (Flower reads them), rejected-on-loss
+redelivery (bounded by the farm's own attempt counter), result expiry, and a visibility timeout that outlasts
+every hard time limit the coordinator will ask for (``Settings.check_limits``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.settings import Settings
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport = {"visibility_timeout": int(settings.visibility_timeout)}
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.redis_url or settings.broker_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "result_expires": int(settings.result_ttl),
+        "result_extended": True,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": "farm.default",
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+    }

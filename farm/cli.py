@@ -1,0 +1,144 @@
+"""``farm``: the command line. Each command parses its options and calls one library function.
+
+The CLI is the composition root: it is the one place that wires the coordinator to the workers' task code (the
+embedded farm), so that ``coordinator`` and ``workers`` never import each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from farm.errors import FarmError
+from farm.settings import Settings
+
+KERNELS_HELP = "Import operations from this module (repeatable); also discovered: the farm.kernels entry points."
+
+
+@click.group()
+@click.version_option(package_name="tuning-farm")
+def main() -> None:
+    """A distributed kernel-autotuning farm: tune once per GPU model, reuse everywhere."""
+
+
+@main.command()
+@click.argument("catalog", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--broker", envvar="FARM_BROKER_URL", help="Celery broker URL; without it the embedded farm runs here.")
+@click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", help="Decisions/results Redis URL (with --broker).")
+@click.option("--fingerprint", help="Only this fingerprint (digest or prefix).")
+@click.option("--force", is_flag=True, help="Re-tune problems that already have a decision.")
+@click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".farm-cache"),
+              show_default=True, help="Embedded farm: where decisions are written (the runtime's cache_directory).")
+@click.option("--device", "devices", multiple=True, default=("cpu:0",), show_default=True,
+              help="Embedded farm: local devices to tune on (repeatable).")
+@click.option("--run", "run_id", help="Run id (default: a new one).")
+@click.option("--timeout", type=float, help="Give up on groups without a result after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON instead of a table.")
+def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: str | None, force: bool,
+         kernels: tuple[str, ...], cache_dir: Path, devices: tuple[str, ...], run_id: str | None,
+         timeout: float | None, as_json: bool) -> None:
+    """Tune every problem of CATALOG on the fleet (or, without --broker, on this machine)."""
+    from rich.console import Console
+
+    from coordinator.catalog import load_catalog
+    from coordinator.run import summary_table
+    from coordinator.run import tune as run_tune
+
+    settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
+    with _errors():
+        cat = load_catalog(catalog, kernels)
+        if broker:
+            fleet, dispatcher, sink = _celery_parts(settings)
+        else:
+            fleet, dispatcher, sink = _embedded_parts(settings, devices, cache_dir, kernels)
+        summary = run_tune(cat, fleet, dispatcher, sink, settings, run=run_id, force=force,
+                           fingerprint=fingerprint, timeout=timeout)
+    if as_json:
+        rows = [{"operation": a.problem.workload.operation, "spec": a.problem.workload.spec,
+                 "fingerprint": a.problem.target.digest, "record": a.record.to_dict() if a.record else None,
+                 "error": a.error} for a in summary.aggregates]
+        click.echo(json.dumps({"run": summary.run, "decisions": rows}, indent=1))
+    else:
+        Console(width=None if sys.stdout.isatty() else 160).print(summary_table(summary))
+        where = "Redis" if broker else str(cache_dir)
+        click.echo(f"{summary.published} decisions published to {where} in {summary.wall_seconds:.1f}s "
+                   f"({summary.tasks} group tasks, {len(summary.already_decided)} problems already decided)")
+
+
+@main.command()
+@click.option("--device", required=True, help="cuda:N or cpu:N")
+@click.option("--broker", envvar="FARM_BROKER_URL", required=True)
+@click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", required=True)
+@click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str) -> None:
+    """Run one worker process pinned to DEVICE."""
+    from workers.worker import run_worker
+
+    with _errors():
+        sys.exit(run_worker(device, Settings.from_env(broker_url=broker, redis_url=redis_url), kernels, loglevel))
+
+
+def _celery_parts(settings: Settings) -> tuple[Any, Any, Any]:
+    from celery import Celery
+
+    from coordinator.dispatch import CeleryDispatcher
+    from coordinator.fleet import RedisFleet
+    from coordinator.sinks import RedisSink
+    from farm.celeryconf import celery_config
+    from farm.results import RedisResults
+    from farm.stores.redis import RedisDecisions, connect
+
+    if not settings.redis_url:
+        raise FarmError("--redis (or FARM_REDIS_URL) is required with --broker")
+    app = Celery("farm-coordinator", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    client = connect(settings.redis_url, timeout=10.0)
+    fleet = RedisFleet(client, settings)
+    return fleet, CeleryDispatcher(app, RedisResults(client, settings), settings), RedisSink(
+        RedisDecisions(client=client, settings=settings))
+
+
+def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
+                    kernels: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    from coordinator.dispatch import LocalDispatcher
+    from coordinator.fleet import LocalFleet
+    from coordinator.sinks import DirectorySink
+    from farm.protocol import GroupResult, GroupTask
+    from farm.results import MemoryResults
+    from farm.runtimes.base import client_for
+    from workers.tasks import WorkerContext, run_group
+
+    results = MemoryResults()
+    contexts = {}
+    for device in devices:
+        ctx = WorkerContext(client=client_for(device), results=results, settings=settings,
+                            worker_id=f"local-{device.replace(':', '')}", kernels=kernels)
+        contexts[ctx.worker_id] = ctx
+    fleet = LocalFleet(list(contexts.values()))
+
+    def execute(task: GroupTask, queue: str) -> GroupResult:
+        return GroupResult.from_dict(run_group(task.to_dict(), fleet.context_for(task, queue)))
+
+    return fleet, LocalDispatcher(execute), DirectorySink(cache_dir)
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn farm errors into a one-line message and exit status 2."""
+    try:
+        yield
+    except FarmError as error:
+        click.echo(f"farm: error: {error}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

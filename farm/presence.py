@@ -1,0 +1,96 @@
+"""Worker presence in Redis: who is online, on which device and fingerprint, in which state.
+
+Each worker keeps a hash under ``settings.worker_key(id)`` that expires unless its heartbeat renews it; a
+worker whose last beat is older than two intervals is reported stale.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from farm.settings import Settings
+
+HEALTHY = "healthy"
+BUSY = "busy"
+QUARANTINED = "quarantined"
+STALE = "stale"
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker announces about itself."""
+
+    worker_id: str
+    host: str
+    device: str
+    device_kind: str
+    fingerprint: str
+    model: str
+    farm_version: str
+    state: str
+    pid: int
+    updated: float
+    queue: str
+    hostname: str = ""
+
+    def to_fields(self) -> dict[str, str]:
+        return {k: str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_fields(cls, data: dict[str, str]) -> WorkerInfo:
+        return cls(
+            worker_id=data["worker_id"], host=data["host"], device=data["device"], device_kind=data["device_kind"],
+            fingerprint=data["fingerprint"], model=data["model"], farm_version=data["farm_version"],
+            state=data["state"], pid=int(data["pid"]), updated=float(data["updated"]), queue=data["queue"],
+            hostname=data.get("hostname", ""),
+        )
+
+    def effective_state(self, settings: Settings, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        if self.state != QUARANTINED and now - self.updated > 2 * settings.heartbeat_seconds:
+            return STALE
+        return self.state
+
+
+def announce(client: Any, settings: Settings, info: WorkerInfo) -> None:
+    key = settings.worker_key(info.worker_id)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=info.to_fields())
+        pipe.expire(key, int(settings.heartbeat_ttl))
+        pipe.execute()
+
+
+def beat(client: Any, settings: Settings, worker_id: str, state: str | None = None) -> None:
+    """Renew the worker's record (and optionally set its state)."""
+    key = settings.worker_key(worker_id)
+    mapping = {"updated": str(time.time())}
+    if state is not None:
+        mapping["state"] = state
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=mapping)
+        pipe.expire(key, int(settings.heartbeat_ttl))
+        pipe.execute()
+
+
+def state_of(client: Any, settings: Settings, worker_id: str) -> str | None:
+    value = client.hget(settings.worker_key(worker_id), "state")
+    return None if value is None else str(value)
+
+
+def withdraw(client: Any, settings: Settings, worker_id: str) -> None:
+    client.delete(settings.worker_key(worker_id))
+
+
+def live_workers(client: Any, settings: Settings) -> list[WorkerInfo]:
+    """Every worker whose record has not expired (stale ones included: check ``effective_state``)."""
+    workers = []
+    for key in client.scan_iter(match=settings.worker_key("*"), count=500):
+        data = client.hgetall(key)
+        if data and "worker_id" in data:
+            try:
+                workers.append(WorkerInfo.from_fields(data))
+            except (KeyError, ValueError):
+                continue
+    return sorted(workers, key=lambda w: w.worker_id)

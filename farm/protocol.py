@@ -1,0 +1,165 @@
+"""What crosses the wire between coordinator and workers: JSON messages with a schema version.
+
+A :class:`GroupTask` asks a worker to run ONE priority group of ONE problem on its device; a
+:class:`GroupResult` brings back, per candidate, the verdict, note, timing pairs and observed errors, plus
+provenance. Both are frozen dataclasses with ``to_dict``/``from_dict``; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.identity import fields
+from farm.trials import Outcome
+
+PROTOCOL_VERSION = 1
+GROUP_TASK = "farm.run_group"
+REFERENCE_GROUP = "reference"
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def problem_id(fingerprint_digest: str, operation: str, device_kind: str, checksum: str, spec: dict[str, Any], accuracy: str) -> str:
+    """A stable id for (fingerprint, operation, workload spec, candidate set, accuracy settings)."""
+    text = fields([fingerprint_digest, operation, device_kind, checksum, canonical_json(spec), accuracy])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class ProtocolError(ValueError):
+    """Raised when a message does not follow the protocol (wrong version, missing or mistyped field)."""
+
+
+def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    if name not in data:
+        raise ProtocolError(f"message field {name!r} is missing")
+    value = data[name]
+    if not isinstance(value, kind):
+        raise ProtocolError(f"message field {name!r} = {value!r} has the wrong type")
+    return value
+
+
+def _check_version(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"message is a {type(data).__name__}, not an object")
+    if data.get("protocol") != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {data.get('protocol')!r} != {PROTOCOL_VERSION}")
+    return data
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """Run the reference and the candidates ``indices`` (implementation indices of the operation's tunable set
+    for ``device_kind``) on one device of fingerprint ``fingerprint``. ``group`` names the group in results."""
+
+    run: str
+    problem_id: str
+    group: str
+    operation: str
+    device_kind: str
+    spec: dict[str, Any]
+    indices: tuple[int, ...]
+    policy: dict[str, Any]
+    fingerprint: str
+    kernels: tuple[str, ...] = ()
+    confirm_of: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "run": self.run,
+            "problem_id": self.problem_id,
+            "group": self.group,
+            "operation": self.operation,
+            "device_kind": self.device_kind,
+            "spec": self.spec,
+            "indices": list(self.indices),
+            "policy": self.policy,
+            "fingerprint": self.fingerprint,
+            "kernels": list(self.kernels),
+            "confirm_of": self.confirm_of,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GroupTask:
+        d = _check_version(data)
+        return cls(
+            run=_require(d, "run", str),
+            problem_id=_require(d, "problem_id", str),
+            group=_require(d, "group", str),
+            operation=_require(d, "operation", str),
+            device_kind=_require(d, "device_kind", str),
+            spec=_require(d, "spec", dict),
+            indices=tuple(int(i) for i in _require(d, "indices", list)),
+            policy=_require(d, "policy", dict),
+            fingerprint=_require(d, "fingerprint", str),
+            kernels=tuple(str(k) for k in d.get("kernels", [])),
+            confirm_of=d.get("confirm_of"),
+        )
+
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+STATUS_VALIDATION_UNAVAILABLE = "validation_unavailable"
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """The trials of one group. ``status`` ok: ``outcomes`` hold every candidate of the group; failed: ``error``
+    says why (the reference failed, attempts exhausted, time limit, device failure)."""
+
+    run: str
+    problem_id: str
+    group: str
+    status: str
+    cache_key: str | None = None
+    reference_index: int | None = None
+    names: tuple[str, ...] = ()
+    reference_times: tuple[float, ...] = ()
+    outcomes: tuple[Outcome, ...] = ()
+    error: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+    trial_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "run": self.run,
+            "problem_id": self.problem_id,
+            "group": self.group,
+            "status": self.status,
+            "cache_key": self.cache_key,
+            "reference_index": self.reference_index,
+            "names": list(self.names),
+            "reference_times": list(self.reference_times),
+            "outcomes": [o.to_dict() for o in self.outcomes],
+            "error": self.error,
+            "provenance": self.provenance,
+            "trial_seconds": self.trial_seconds,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GroupResult:
+        d = _check_version(data)
+        return cls(
+            run=_require(d, "run", str),
+            problem_id=_require(d, "problem_id", str),
+            group=_require(d, "group", str),
+            status=_require(d, "status", str),
+            cache_key=d.get("cache_key"),
+            reference_index=d.get("reference_index"),
+            names=tuple(d.get("names", [])),
+            reference_times=tuple(float(t) for t in d.get("reference_times", [])),
+            outcomes=tuple(Outcome.from_dict(o) for o in d.get("outcomes", [])),
+            error=d.get("error"),
+            provenance=dict(d.get("provenance", {})),
+            trial_seconds=float(d.get("trial_seconds", 0.0)),
+        )
+
+    @classmethod
+    def failed(cls, task: GroupTask, error: str, provenance: dict[str, Any] | None = None) -> GroupResult:
+        return cls(task.run, task.problem_id, task.group, STATUS_FAILED, error=error, provenance=provenance or {})

@@ -1,0 +1,116 @@
+"""The farm's configuration in one typed place: URLs, Redis key layout, time limits, retry bounds.
+
+Every value has a default and a ``FARM_*`` environment variable; a malformed variable is a ConfigError naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from farm.errors import ConfigError
+from farm.policy import StackPolicy
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Farm-wide settings. ``prefix`` namespaces every Redis key the farm writes."""
+
+    broker_url: str | None = None
+    redis_url: str | None = None
+    prefix: str = "farm"
+    heartbeat_seconds: float = 5.0
+    heartbeat_ttl: float = 20.0
+    max_attempts: int = 3
+    result_ttl: float = 7 * 86400.0
+    max_in_flight: int = 64
+    soft_limit_floor: float = 10.0
+    visibility_timeout: float = 3600.0
+    events_maxlen: int = 10000
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read ``FARM_<FIELD>`` variables (e.g. FARM_BROKER_URL, FARM_MAX_ATTEMPTS), then apply overrides."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f"FARM_{f.name.upper()}"
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            kind = type(getattr(cls(), f.name)) if getattr(cls(), f.name) is not None else str
+            try:
+                values[f.name] = kind(raw)
+            except ValueError as e:
+                raise ConfigError("environment", name, raw, f"must be {kind.__name__}") from e
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return replace(cls(), **values)
+
+    # -- Redis key layout ---------------------------------------------------------------------------------
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def decisions_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: sha256(cache key) -> decision record JSON."""
+        return self.key("decisions", fingerprint_digest)
+
+    @property
+    def fingerprints_key(self) -> str:
+        """Hash: fingerprint digest -> full fingerprint text."""
+        return self.key("fingerprints")
+
+    @property
+    def events_key(self) -> str:
+        """Stream of decision updates."""
+        return self.key("events")
+
+    def problems_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: problem id -> sha256(cache key) of its published decision."""
+        return self.key("problems", fingerprint_digest)
+
+    def worker_key(self, worker_id: str) -> str:
+        """Hash per worker, expiring: host, device, fingerprint, model, version, state."""
+        return self.key("worker", worker_id)
+
+    def result_key(self, run: str, problem_id: str, group: str) -> str:
+        return self.key("result", run, problem_id, group)
+
+    def attempts_key(self, run: str, problem_id: str, group: str) -> str:
+        return self.key("attempts", run, problem_id, group)
+
+    def run_key(self, run: str) -> str:
+        return self.key("run", run)
+
+    @property
+    def runs_key(self) -> str:
+        return self.key("runs")
+
+    # -- queues and time limits ---------------------------------------------------------------------------
+
+    @staticmethod
+    def fingerprint_queue(fingerprint_digest: str) -> str:
+        return f"farm.fp.{fingerprint_digest}"
+
+    @staticmethod
+    def worker_queue(worker_id: str) -> str:
+        return f"farm.worker.{worker_id}"
+
+    def time_limits(self, policy: StackPolicy) -> tuple[float, float]:
+        """(soft, hard) seconds for one group task: twice the budget plus a floor, and a margin on top.
+
+        A group's trials stop starting new samples at the budget, so only a hung candidate reaches the soft limit.
+        """
+        soft = 2.0 * policy.budget + self.soft_limit_floor
+        return soft, soft + max(5.0, 0.25 * soft)
+
+    def check_limits(self, policy: StackPolicy, source: str) -> None:
+        """Refuse a policy whose hard time limit would outlast the broker's visibility timeout (the task would be
+        redelivered while it still runs)."""
+        hard = self.time_limits(policy)[1]
+        if hard >= self.visibility_timeout:
+            raise ConfigError(
+                source, "policy.budget", policy.budget,
+                f"hard time limit {hard:g}s must stay below FARM_VISIBILITY_TIMEOUT {self.visibility_timeout:g}s",
+            )

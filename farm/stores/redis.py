@@ -1,0 +1,152 @@
+"""The Redis tier: one hash of decision records per fingerprint, published by one server-side function.
+
+Writers (the coordinator) publish through ``farm_publish`` (``publish.lua``): replacement rule, problem index,
+fingerprint text and the update event happen in one atomic call. Readers (runtime processes) use the store as a
+read-only fleet tier: one HGET per lookup; an unreachable server is a miss and a logged warning, retried only
+after a back-off, never an exception on the caller's path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.identity import key_environment
+from farm.settings import Settings
+from farm.stores.base import CorruptRecord, DecisionRecord
+
+log = logging.getLogger(__name__)
+FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
+
+
+def field_for(cache_key: str) -> str:
+    """The hash field of a cache key: its sha256 (keys can reach 384 KiB)."""
+    return hashlib.sha256(cache_key.encode()).hexdigest()
+
+
+def connect(url: str, timeout: float = 2.0) -> Any:
+    """A redis-py client for ``url`` with bounded socket timeouts (imported lazily: the core stays light)."""
+    import redis
+
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+
+class RedisDecisions:
+    """Decision records in Redis under ``settings``' key layout.
+
+    As a fleet tier give it ``url`` (or a client); lookups back off for ``backoff`` seconds (doubling up to 60)
+    after a connection failure.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, client: Any = None, settings: Settings | None = None,
+        timeout: float = 0.5, backoff: float = 1.0,
+    ) -> None:
+        if client is None:
+            if url is None:
+                raise ValueError("RedisDecisions needs a url or a client")
+            client = connect(url, timeout)
+        self.client = client
+        self.settings = settings or Settings()
+        self._backoff_initial = backoff
+        self._backoff = backoff
+        self._down_until = 0.0
+        self._digests: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._function_loaded = False
+        self.failures = 0
+
+    # -- fleet-tier reads ---------------------------------------------------------------------------------
+
+    def _digest(self, cache_key: str) -> str:
+        digest = self._digests.get(cache_key)
+        if digest is None:
+            digest = fingerprint_digest(key_environment(cache_key))
+            if len(self._digests) > 4096:
+                self._digests.clear()
+            self._digests[cache_key] = digest
+        return digest
+
+    def get(self, cache_key: str) -> DecisionRecord | None:
+        """The record for a cache key, None on a miss or while backing off; CorruptRecord for a bad record."""
+        import redis
+
+        if time.monotonic() < self._down_until:
+            return None
+        try:
+            raw = self.client.hget(self.settings.decisions_key(self._digest(cache_key)), field_for(cache_key))
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            with self._lock:
+                self.failures += 1
+                self._down_until = time.monotonic() + self._backoff
+                log.warning("fleet Redis unreachable (%s); treating lookups as misses for %.1fs", e, self._backoff)
+                self._backoff = min(self._backoff * 2, 60.0)
+            return None
+        self._backoff = self._backoff_initial
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise CorruptRecord(f"fleet record is not JSON: {e}") from e
+        return DecisionRecord.from_dict(data, expected_key=cache_key)
+
+    def put(self, record: DecisionRecord) -> None:
+        self.publish(record, key_environment(record.cache_key))
+
+    def delete(self, cache_key: str) -> None:
+        self.client.hdel(self.settings.decisions_key(self._digest(cache_key)), field_for(cache_key))
+
+    # -- publication --------------------------------------------------------------------------------------
+
+    def load_function(self) -> None:
+        self.client.function_load(FUNCTION_SOURCE, replace=True)
+        self._function_loaded = True
+
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str = "") -> tuple[bool, str]:
+        """Publish atomically under the replacement rule; return (replaced, reason)."""
+        import redis
+
+        if not self._function_loaded:
+            self.load_function()
+        digest = fingerprint_digest(fingerprint)
+        s = self.settings
+        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key]
+        args = [field_for(record.cache_key), json.dumps(record.to_dict(), sort_keys=True), problem_id, digest,
+                fingerprint, str(s.events_maxlen)]
+        try:
+            replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
+        except redis.ResponseError as e:
+            if "Function not found" not in str(e):
+                raise
+            self.load_function()
+            replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
+        return bool(replaced), str(reason)
+
+    # -- listing ------------------------------------------------------------------------------------------
+
+    def fingerprints(self) -> dict[str, str]:
+        """Digest -> fingerprint text of every fingerprint with published decisions."""
+        return dict(self.client.hgetall(self.settings.fingerprints_key))
+
+    def records(self, digest: str) -> Iterator[DecisionRecord]:
+        """Every readable record of one fingerprint (corrupt ones are logged and skipped)."""
+        for _, raw in self.client.hscan_iter(self.settings.decisions_key(digest), count=1000):
+            try:
+                yield DecisionRecord.from_dict(json.loads(raw))
+            except (CorruptRecord, json.JSONDecodeError) as e:
+                log.warning("skipping unreadable decision record in %s: %s", digest, e)
+
+    def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
+        """Which of ``problem_ids`` already have a published decision for this fingerprint."""
+        if not problem_ids:
+            return set()
+        found = self.client.hmget(self.settings.problems_key(digest), problem_ids)
+        return {pid for pid, value in zip(problem_ids, found, strict=True) if value is not None}

@@ -1,0 +1,69 @@
+"""Test-only operations for the farm's real-process tests (loaded with ``--kernels farm_testops``).
+
+They are deliberately hostile: a wrong but fast candidate, one that raises, one that returns NaN, one that hangs,
+and one that kills its own worker process. None of this ships in ``kernels/``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from farm import TunableSet, array_signature
+from kernels.operation import Operation, dim
+
+
+def slow_reference(x):
+    """Twice x, one element at a time: slow enough that a vectorized candidate always wins clearly."""
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = x[i] * 2.0
+    return out
+
+
+def vectorized(x):
+    return x + x
+
+
+def wrong_but_fast(x):
+    return x * 3.0
+
+
+def raises(x):
+    raise RuntimeError("this candidate always fails")
+
+
+def returns_nan(x):
+    return np.full_like(x, np.nan)
+
+
+def hangs(x):
+    while True:
+        time.sleep(0.05)
+
+
+def kills_its_worker(x):
+    os._exit(17)
+
+
+def make(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any, ...]:
+    return (xp.asarray(rng.random(spec["n"]), dtype=spec["dtype"]),)
+
+
+def operation(name: str, candidates: list[tuple[Any, int]]) -> Operation:
+    tunable = TunableSet(name, signature=array_signature)
+    tunable.add(slow_reference, name="slow_reference", reference=True)
+    for fn, group in candidates:
+        tunable.add(fn, group=group)
+    return Operation(name=name, host=tunable, cuda=None, fields=(dim("n"),), dtypes={"cpu": ("float64",)}, make=make)
+
+
+OPERATIONS = (
+    operation("farmtest_scale", [(vectorized, 0), (wrong_but_fast, 0), (raises, 1), (returns_nan, 1)]),
+    operation("farmtest_hang", [(vectorized, 0), (hangs, 1)]),
+    operation("farmtest_crash", [(vectorized, 0), (kills_its_worker, 1)]),
+)

@@ -1,0 +1,131 @@
+"""The farm end to end with real processes: a private redis-server, `farm worker` on cpu:0 and cpu:1, and the
+coordinator. Hostile test operations come from tests/farm_testops.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from farm_helpers import fleet, write_catalog
+
+import farm
+from coordinator.catalog import load_catalog
+from coordinator.run import tune
+from farm.errors import ConfigError
+from farm.stores.redis import RedisDecisions
+
+pytestmark = pytest.mark.servers
+
+SCALE = """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 1500, dtype = "float64" }, { n = 37, dtype = "float64" }]
+"""
+HANG = """
+[[problems]]
+operation = "farmtest_hang"
+workloads = [{ n = 500, dtype = "float64" }]
+"""
+
+
+@pytest.fixture(scope="module")
+def two_workers(redis_srv, tmp_path_factory):
+    with fleet(redis_srv, tmp_path_factory.mktemp("fleet"), ("cpu:0", "cpu:1")) as f:
+        yield f
+
+
+def run_catalog(f, catalog, **kw):
+    parts = f.coordinator()
+    return tune(load_catalog(catalog, ("farm_testops",)), *parts, f.settings, **kw)
+
+
+def decision_of(summary, operation, n):
+    return next(a for a in summary.aggregates if a.problem.workload.operation == operation
+                and a.problem.workload.spec["n"] == n)
+
+
+def notes(aggregate):
+    return {c["name"]: c["note"] for c in aggregate.record.meta["candidates"]}
+
+
+def test_a_catalog_tunes_on_the_fleet_and_a_fresh_runtime_hits_the_published_decisions(two_workers, tmp_path):
+    catalog = write_catalog(tmp_path / "c.toml", SCALE + HANG)
+    summary = run_catalog(two_workers, catalog)
+    assert summary.published == 3
+    big = decision_of(summary, "farmtest_scale", 1500)
+    assert big.record.name == "vectorized"
+    assert big.record.verified
+    assert big.record.ratio * 1.05 <= 1.0
+    candidate_notes = notes(big)
+    assert "wrong output" in candidate_notes["wrong_but_fast"]
+    assert "RuntimeError" in candidate_notes["raises"]
+    assert "NaN" in candidate_notes["returns_nan"]
+    hang = decision_of(summary, "farmtest_hang", 500)
+    assert "time limit" in notes(hang)["hangs"]
+    assert hang.record.name == "vectorized"
+
+    # A fresh in-process controller on the same device class, with the same accuracy settings, reuses the
+    # decision after one validation.
+    from kernels import registry
+
+    tuner = farm.StackTuner(load_catalog(catalog, ("farm_testops",)).policy,
+                            fleet=[RedisDecisions(two_workers.results_url, settings=two_workers.settings)])
+    op = registry.get("farmtest_scale")
+    client = farm.HostClient(0)
+    inputs = op.build({"n": 1500, "dtype": "float64"}, client)
+    from farm.adapter import RuntimeTrials, prepare
+
+    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
+    decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, tuner.policy.timing))
+    assert decision.source is farm.DecisionSource.FLEET_CACHE
+    assert decision.name == "vectorized"
+    again = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, tuner.policy.timing))
+    assert again.source is farm.DecisionSource.MEMORY_CACHE
+    stats = tuner.stats()
+    assert (stats.fleet_hits, stats.tunes, stats.memory_hits) == (1, 0, 1)
+    np.testing.assert_allclose(op.host[prepared.indices[decision.index]].fn(*inputs), inputs[0] * 2)
+
+
+def test_a_winner_is_confirmed_on_the_second_device_before_publication(two_workers, tmp_path):
+    summary = run_catalog(two_workers, write_catalog(tmp_path / "c.toml", SCALE), force=True)
+    big = decision_of(summary, "farmtest_scale", 1500)
+    meta = big.record.meta
+    assert meta["confirmation"] == "confirmed"
+    assert meta["tuned_by"] in meta["workers"]
+    assert meta["confirmed_by"] is not None
+    assert meta["confirmed_by"] != meta["tuned_by"]
+
+
+def test_a_second_run_skips_decided_problems_unless_forced(two_workers, tmp_path):
+    catalog = write_catalog(tmp_path / "c.toml", SCALE)
+    run_catalog(two_workers, catalog, force=True)
+    again = run_catalog(two_workers, catalog)
+    assert again.tasks == 0
+    assert len(again.already_decided) == 2
+
+
+def test_a_malformed_catalog_is_refused_and_nothing_is_enqueued(two_workers, tmp_path):
+    bad = write_catalog(tmp_path / "bad.toml", """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 10, dtype = "float64" }, { n = 10, dtype = "int8" }]
+""")
+    broker = two_workers.redis.client(0)
+    before = {k for k in broker.scan_iter("farm.*")}
+    with pytest.raises(ConfigError) as error:
+        run_catalog(two_workers, bad)
+    message = str(error.value)
+    assert "bad.toml" in message and "problems[0].workloads[1].dtype" in message and "int8" in message
+    assert {k for k in broker.scan_iter("farm.*")} == before
+    assert all(broker.llen(k) == 0 for k in broker.scan_iter("farm.fp.*"))
+
+
+def test_a_task_that_kills_its_worker_is_retried_a_bounded_number_of_times(two_workers, tmp_path):
+    catalog = write_catalog(tmp_path / "c.toml", """
+[[problems]]
+operation = "farmtest_crash"
+workloads = [{ n = 300, dtype = "float64" }]
+""")
+    summary = run_catalog(two_workers, catalog, force=True)
+    (agg,) = summary.aggregates
+    assert "gave up after 3 attempts" in notes(agg)["kills_its_worker"]
+    assert agg.record.name == "vectorized"

@@ -1,0 +1,94 @@
+"""The farm's Celery app (``celery -A workers.app ...``; ``farm flower`` points Flower at it).
+
+Configuration comes from ``farm.celeryconf`` (JSON only, late ack, prefetch 1, events on). The one task,
+``farm.run_group``, runs :func:`workers.tasks.run_group` in the worker's pool process, whose context (device
+client, Redis results) is built on first use in that process, after pinning, so CUDA initializes there only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery, signals
+from celery.exceptions import Reject, SoftTimeLimitExceeded
+
+from farm import presence
+from farm.celeryconf import celery_config
+from farm.protocol import GROUP_TASK
+from farm.runtimes.base import client_for
+from farm.settings import Settings
+from workers.tasks import DeviceQuarantined, WorkerContext, run_group
+
+DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
+WORKER_ID_VARIABLE = "FARM_WORKER_ID"
+KERNELS_VARIABLE = "FARM_KERNELS"
+
+_context: WorkerContext | None = None
+
+
+def worker_context(settings: Settings) -> WorkerContext:
+    """This process's context, created once: the pinned device's client and the shared results store."""
+    global _context
+    if _context is None:
+        from farm.results import RedisResults
+        from farm.stores.redis import connect
+
+        if not settings.redis_url:
+            raise RuntimeError("the worker needs FARM_REDIS_URL (decisions and results Redis)")
+        redis_client = connect(settings.redis_url, timeout=10.0)
+        worker_id = os.environ.get(WORKER_ID_VARIABLE, f"pid{os.getpid()}")
+
+        def quarantine(reason: str) -> None:
+            presence.beat(redis_client, settings, worker_id, presence.QUARANTINED)
+
+        kernels = tuple(k for k in os.environ.get(KERNELS_VARIABLE, "").split(",") if k)
+        _context = WorkerContext(
+            client=client_for(os.environ.get(DEVICE_VARIABLE, "cpu:0")),
+            results=RedisResults(redis_client, settings),
+            settings=settings,
+            worker_id=worker_id,
+            kernels=kernels,
+            interrupts=(SoftTimeLimitExceeded,),
+            on_quarantine=quarantine,
+        )
+    return _context
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    settings = settings or Settings.from_env()
+    app = Celery("farm", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    app.conf.farm_settings = settings
+
+    @app.task(name=GROUP_TASK, bind=True)
+    def run_group_task(self: Any, message: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return run_group(message, worker_context(settings))
+        except DeviceQuarantined as e:
+            # Back to the queue for another worker of the same fingerprint; this one stops consuming.
+            raise Reject(f"device quarantined: {e}", requeue=True) from e
+
+    return app
+
+
+def _set_state(state: str) -> None:
+    if _context is None or WORKER_ID_VARIABLE not in os.environ:
+        return
+    if _context.quarantined is not None:
+        state = presence.QUARANTINED
+    results: Any = _context.results
+    presence.beat(results.client, _context.settings, _context.worker_id, state)
+
+
+@signals.task_prerun.connect
+def _busy(**_: Any) -> None:
+    _set_state(presence.BUSY)
+
+
+@signals.task_postrun.connect
+def _idle(**_: Any) -> None:
+    _set_state(presence.HEALTHY)
+
+
+app = create_app()
