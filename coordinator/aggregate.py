@@ -15,6 +15,13 @@ from farm.scoring import judge
 from farm.stores.base import DecisionRecord
 from farm.trials import Judged, Outcome, decide
 
+# Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
+META_FIELDS = (
+    "run", "problem_id", "operation", "device_kind", "spec", "fingerprint", "reference", "relative_mad", "samples",
+    "accuracy_key", "farm_version", "workers", "candidates", "tuned_by", "confirmation", "confirmed_by",
+    "confirmation_ratio", "rejected_winner",
+)
+
 
 @dataclass(frozen=True)
 class Aggregate:
@@ -83,8 +90,12 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
             for j in judged
         ],
         "tuned_by": worker_of.get(winner),
+        "confirmation": None,
         "confirmed_by": None,
+        "confirmation_ratio": None,
+        "rejected_winner": None,
     }
+    assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds, worker_of.get(winner))

@@ -41,6 +41,9 @@ class RedisFleet:
                 return w.worker_id, w.queue
         return None
 
+    def alive(self, worker_id: str) -> bool:
+        return any(w.worker_id == worker_id for w in self.workers())
+
 
 class LocalFleet:
     """The embedded farm's devices: worker contexts in this process (objects with client, worker_id, digest)."""
@@ -64,6 +67,9 @@ class LocalFleet:
             if c.digest == target.digest and worker_id != exclude:
                 return worker_id, f"local.worker.{worker_id}"
         return None
+
+    def alive(self, worker_id: str) -> bool:
+        return worker_id in self.contexts
 
     def context_for(self, task: GroupTask, queue: str) -> Any:
         if queue.startswith("local.worker."):

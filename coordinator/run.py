@@ -44,6 +44,10 @@ class Fleet(Protocol):
         """(worker id, queue) of another healthy device of the target's fingerprint, or None."""
         ...
 
+    def alive(self, worker_id: str) -> bool:
+        """Whether a worker still serves (a confirmation sent to its own queue can still come back)."""
+        ...
+
 
 class Dispatcher(Protocol):
     pending: Any
@@ -116,8 +120,18 @@ def tune(
     limits = settings.time_limits(catalog.policy)
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
+    confirming: dict[str, str] = {}  # problem id -> worker id confirming its winner
+    last_liveness = time.monotonic()
     with _progress(console, problems) as advance:
         while queue or dispatcher.pending:
+            if confirming and time.monotonic() - last_liveness > 1.0:
+                last_liveness = time.monotonic()
+                for pid, worker_id in list(confirming.items()):
+                    if not fleet.alive(worker_id):
+                        del confirming[pid]
+                        dispatcher.pending.pop((run, pid, CONFIRM_GROUP), None)
+                        reason = f"unconfirmed: confirming worker {worker_id} went away"
+                        _publish(_unconfirmed(by_id[pid].confirmation, reason), sink, summary)
             while queue and len(dispatcher.pending) < settings.max_in_flight:
                 task, name = queue.popleft()
                 dispatcher.submit(task, name, limits)
@@ -133,6 +147,8 @@ def tune(
                 if problem is None:
                     continue
                 if result.group == CONFIRM_GROUP:
+                    if confirming.pop(problem.problem_id, None) is None:
+                        continue  # given up on already
                     agg = confirm(problem.confirmation, result, catalog.policy)
                     _publish(agg, sink, summary)
                     continue
@@ -147,6 +163,7 @@ def tune(
                         helper = fleet.confirmer(problem.target, agg.winner_worker)
                         if helper is not None:
                             problem.confirmation = agg
+                            confirming[problem.problem_id] = helper[0]
                             dispatcher.submit(_confirm_task(problem, agg), helper[1], limits)
                             continue
                         agg = _unconfirmed(agg)
@@ -166,13 +183,13 @@ def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
                      base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
 
 
-def _unconfirmed(agg: Aggregate) -> Aggregate:
+def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of this fingerprint online") -> Aggregate:
     from coordinator.aggregate import Aggregate as A
     from farm.stores.base import DecisionRecord
 
     assert agg.record is not None
     r = agg.record
-    meta = dict(r.meta, confirmation="unconfirmed: no second device of this fingerprint online")
+    meta = dict(r.meta, confirmation=reason)
     return A(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta),
              agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
 

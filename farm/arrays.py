@@ -52,7 +52,7 @@ def array_key(*args: object) -> tuple[object, ...]:
             a: Any = arg
             key.append((type(a), a.dtype.str, a.shape, a.strides))
         else:
-            key.append((type(arg), arg))
+            key.append((type(arg), repr(arg)))  # repr: 0.0 and -0.0 are different workloads, as in the signature
     return tuple(key)
 
 

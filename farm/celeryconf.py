@@ -13,7 +13,13 @@ from farm.settings import Settings
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    transport = {"visibility_timeout": int(settings.visibility_timeout)}
+    # Abandoned (unacked) messages of a dead worker are swept back to their queue every `unacked_restore_interval`
+    # seconds once older than the visibility timeout; kombu's default throttle would make that 100 s apart.
+    transport = {
+        "visibility_timeout": int(settings.visibility_timeout),
+        "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout / 10))),
+        "unacked_restore_throttle": 1,
+    }
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis_url or settings.broker_url,

@@ -16,7 +16,7 @@ from farm.settings import Settings
 # Small limits so a hung candidate is interrupted in seconds and a lost task is redelivered in well under a minute.
 WORKER_ENV = {
     "FARM_SOFT_LIMIT_FLOOR": "3",
-    "FARM_VISIBILITY_TIMEOUT": "25",
+    "FARM_VISIBILITY_TIMEOUT": "15",
     "FARM_HEARTBEAT_SECONDS": "1",
     "FARM_HEARTBEAT_TTL": "6",
 }

@@ -1,0 +1,64 @@
+"""Recovery with real processes: a worker SIGKILLed mid-run loses no decision and duplicates none."""
+
+from __future__ import annotations
+
+import pytest
+from farm_helpers import fleet, write_catalog
+from servers import wait_for
+
+from coordinator.catalog import load_catalog
+from coordinator.run import tune
+from farm import presence
+from farm.stores.redis import RedisDecisions
+
+pytestmark = pytest.mark.servers
+
+# Large enough that every group keeps a worker busy for a while (the reference loops in Python).
+SLOW = """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 150000, dtype = "float64" }, { n = 150001, dtype = "float64" }, { n = 150002, dtype = "float64" }]
+"""
+
+
+def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv, tmp_path):
+    with fleet(redis_srv, tmp_path / "fleet", ("cpu:0", "cpu:1")) as f:
+        victim = f.workers[0]
+        catalog = load_catalog(write_catalog(tmp_path / "c.toml", SLOW), ("farm_testops",))
+        client = f.client()
+
+        import threading
+
+        outcome: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                outcome["summary"] = tune(catalog, *f.coordinator(), f.settings, timeout=150)
+            except BaseException as e:  # surfaced below
+                outcome["error"] = e
+
+        coordinator = threading.Thread(target=run)
+        coordinator.start()
+
+        def victim_busy() -> bool:
+            return any(w.device == "cpu:0" and w.state == presence.BUSY
+                       for w in presence.live_workers(client, f.settings))
+
+        wait_for(victim_busy, 60, "cpu:0 to start a trial")
+        victim.kill()
+        coordinator.join(180)
+        assert not coordinator.is_alive()
+        assert "error" not in outcome, outcome.get("error")
+        summary = outcome["summary"]
+
+        assert summary.published == 3
+        assert all(a.error is None for a in summary.aggregates)
+        decisions = RedisDecisions(client=client, settings=f.settings)
+        (digest,) = decisions.fingerprints()
+        records = list(decisions.records(digest))
+        assert len(records) == 3
+        assert {r.meta["spec"]["n"] for r in records} == {150000, 150001, 150002}
+        assert len(client.xrange(f.settings.events_key)) == 3
+        # The task the victim held was redelivered and run again by the survivor.
+        attempts = [r.provenance.get("attempt") for a in summary.aggregates for r in a.problem.results.values()]
+        assert max(attempts) >= 2
