@@ -63,7 +63,7 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
     if not isinstance(problems, list) or not problems:
         raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
     workloads: list[Workload] = []
-    seen: dict[tuple[str, str], str] = {}
+    seen: dict[tuple[str, str, str], str] = {}
     for i, problem in enumerate(problems):
         where = f"problems[{i}]"
         if not isinstance(problem, dict):
@@ -94,9 +94,10 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
             # Without explicit devices, a workload runs on every kind that accepts its dtype.
             kinds = tuple(devices) if devices is not None else operation.devices_for(spec) or operation.devices
             operation.check_spec(spec, source, devices=kinds, prefix=at)
-            identity = (name, canonical_json(spec))
-            if identity in seen:
-                raise ConfigError(source, at, spec, f"duplicates {seen[identity]}")
-            seen[identity] = at
+            for kind in kinds:
+                identity = (name, canonical_json(spec), kind)
+                if identity in seen:
+                    raise ConfigError(source, at, spec, f"duplicates {seen[identity]} on {kind}")
+                seen[identity] = at
             workloads.append(Workload(name, kinds, dict(spec), at))
     return Catalog(source, policy, tuple(workloads), tuple(kernels))

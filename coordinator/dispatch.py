@@ -42,10 +42,13 @@ class CeleryDispatcher:
         )
         self.pending[task_key(task)] = (task, handle)
 
-    def collect(self) -> list[GroupResult]:
-        """Results that completed since the last call (polls the results store, then Celery states)."""
+    def collect(self, wait: float = 0.0) -> list[GroupResult]:
+        """Results that completed since the last call. Blocks up to ``wait`` seconds for a completion notice
+        from a worker, then reads every pending result at once; tasks Celery failed are checked every second."""
         if not self.pending:
             return []
+        if wait > 0:
+            self.results.wait(sorted({k[0] for k in self.pending}), wait)
         keys = list(self.pending)
         done: list[GroupResult] = []
         for key, result in zip(keys, self.results.get_many(keys), strict=True):
@@ -80,7 +83,7 @@ class LocalDispatcher:
     def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None:
         self.queue.append((task, queue))
 
-    def collect(self) -> list[GroupResult]:
+    def collect(self, wait: float = 0.0) -> list[GroupResult]:
         if not self.queue:
             return []
         return [self.execute(*self.queue.popleft())]

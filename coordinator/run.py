@@ -54,7 +54,7 @@ class Dispatcher(Protocol):
 
     def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None: ...
 
-    def collect(self) -> list[GroupResult]: ...
+    def collect(self, wait: float = 0.0) -> list[GroupResult]: ...
 
     def close(self) -> None: ...
 
@@ -93,7 +93,7 @@ def tune(
     fingerprint: str | None = None,
     console: Console | None = None,
     timeout: float | None = None,
-    poll: float = 0.02,
+    poll: float = 0.5,
 ) -> RunSummary:
     """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it."""
     console = console or Console(stderr=True)
@@ -135,12 +135,11 @@ def tune(
             while queue and len(dispatcher.pending) < settings.max_in_flight:
                 task, name = queue.popleft()
                 dispatcher.submit(task, name, limits)
-            results = dispatcher.collect()
+            results = dispatcher.collect(wait=poll)
             if not results:
                 if deadline is not None and time.monotonic() > deadline:
                     _expire(dispatcher, queue, by_id, summary, catalog, run, sink, advance)
                     break
-                time.sleep(poll)  # a production poll loop; nothing waits on it for synchronization
                 continue
             for result in results:
                 problem = by_id.get(result.problem_id)
@@ -249,6 +248,6 @@ def summary_table(summary: RunSummary) -> Table:
             table.add_row(*row, "-", "-", "-", "-", agg.error or "")
             continue
         lost = sum(1 for c in r.meta.get("candidates", []) if not str(c["note"]).startswith("selected"))
-        confirmation = str(r.meta.get("confirmation", "-")).split(":")[0]
+        confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
         table.add_row(*row, r.name, f"{r.ratio:.3f}", "yes" if r.verified else "no", confirmation, str(lost))
     return table

@@ -96,11 +96,17 @@ class RuntimeTrials:
         complete(self.client)
         return out
 
+    def _fresh_inputs(self) -> Inputs:
+        # On the client's device and stream, so the copies are ordered before the candidate and fenced below.
+        with self.client.activate():
+            return self.tunable.generate_inputs(self.inputs)
+
     def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
-        a = self.tunable.generate_inputs(self.inputs)
-        b = self.tunable.generate_inputs(self.inputs)
+        a = self._fresh_inputs()
+        b = self._fresh_inputs()
         complete(self.client)
-        tolerance = self.tunable.tolerance_for(self.inputs, tolerance)
+        with self.client.activate():
+            tolerance = self.tunable.tolerance_for(self.inputs, tolerance)
         with self.client.exclusive(), tuning_scope():
             expected = self._run(self.indices[reference], a)
             actual = self._run(self.indices[candidate], b)
@@ -115,7 +121,7 @@ class RuntimeTrials:
         return Validation.PASSED
 
     def measure(self, candidate: int) -> float:
-        inputs = self.tunable.generate_inputs(self.inputs)
+        inputs = self._fresh_inputs()
         complete(self.client)
         index = self.indices[candidate]
         gc_was_enabled = gc.isenabled()

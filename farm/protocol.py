@@ -17,6 +17,7 @@ from farm.trials import Outcome
 
 PROTOCOL_VERSION = 1
 GROUP_TASK = "farm.run_group"
+PING_TASK = "farm.ping"
 REFERENCE_GROUP = "reference"
 
 

@@ -53,12 +53,24 @@ class RedisResults:
 
     def put_if_absent(self, result: GroupResult) -> GroupResult:
         key = self.settings.result_key(result.run, result.problem_id, result.group)
+        done = self.settings.done_key(result.run)
         payload = json.dumps(result.to_dict(), sort_keys=True)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.set(key, payload, nx=True, ex=int(self.settings.result_ttl))
             pipe.get(key)
-            _, stored = pipe.execute()
+            pipe.rpush(done, key)
+            pipe.expire(done, int(self.settings.result_ttl))
+            _, stored, _, _ = pipe.execute()
         return GroupResult.from_dict(json.loads(stored))
+
+    def wait(self, runs: list[str], timeout: float) -> bool:
+        """Block until some result of ``runs`` completes (or ``timeout`` seconds pass); drain the notices."""
+        keys = [self.settings.done_key(r) for r in runs]
+        if not keys or self.client.blpop(keys, timeout=timeout) is None:
+            return False
+        for key in keys:
+            self.client.delete(key)
+        return True
 
     def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
         raw = self.client.get(self.settings.result_key(run, problem_id, group))

@@ -77,6 +77,10 @@ class Settings:
     def result_key(self, run: str, problem_id: str, group: str) -> str:
         return self.key("result", run, problem_id, group)
 
+    def done_key(self, run: str) -> str:
+        """List of result keys completed in a run: the coordinator blocks on it instead of polling."""
+        return self.key("done", run)
+
     def attempts_key(self, run: str, problem_id: str, group: str) -> str:
         return self.key("attempts", run, problem_id, group)
 

@@ -16,6 +16,7 @@ arguments; each candidate is called as ``fn(*inputs)`` and returns an array or a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import threading
@@ -53,15 +54,27 @@ class Implementation:
 
 
 def code_text(fn: Callable[..., Any]) -> str:
-    """The source of ``fn`` (or its bytecode and constants when no source is available)."""
+    """The source of ``fn`` (or its bytecode and constants when no source is available), the same in every
+    process. A ``functools.partial`` is its function's text plus its bound arguments; a callable object is its
+    class's source. Raises INVALID_INPUT when no process-independent text exists."""
     target = inspect.unwrap(fn)
+    if isinstance(target, functools.partial):
+        bound = repr(target.args) + repr(sorted(target.keywords.items()))
+        if " at 0x" in bound:
+            raise TuneFailure.invalid(f"partial of {target.func!r} binds arguments without a stable repr: {bound}")
+        return fields([code_text(target.func), bound])
+    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)) and callable(target):
+        target = type(target)
     try:
         return inspect.getsource(target)
     except (OSError, TypeError):
         code = getattr(target, "__code__", None)
-        if code is None:
-            return repr(target)
-        return code.co_code.hex() + repr(code.co_consts)
+        if code is not None:
+            return code.co_code.hex() + repr(code.co_consts)
+        text = repr(target)
+        if " at 0x" in text:
+            raise TuneFailure.invalid(f"no stable code identity for {text}: pass identity= or use a def") from None
+        return text
 
 
 class TunableSet:
@@ -194,9 +207,14 @@ class TunableSet:
         return tuple(clone(list(inputs)))
 
     def tolerance_for(self, inputs: Inputs, default: Tolerance) -> Tolerance:
+        """The set's tolerance for this workload (absolute and relative: the operation's author knows its
+        numerics), keeping the policy's readback limit ``max_bytes``; the policy's when the set has none."""
         if self._tolerance is None:
             return default
-        return self._tolerance(*inputs) or default
+        own = self._tolerance(*inputs)
+        if own is None:
+            return default
+        return Tolerance(own.absolute, own.relative, default.max_bytes)
 
     def plan(self) -> Iterator[list[int]]:
         """Every eligible priority group, lowest group number first (registration order within a group)."""

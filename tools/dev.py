@@ -43,12 +43,14 @@ def ensure_venv() -> None:
             version = f"{sys.version_info.major}.{sys.version_info.minor}"
             apt_install(f"python{version}-venv")
             run(sys.executable, "-m", "venv", str(VENV))
+    # The editable install maps the top-level packages that existed when it ran: reinstall when they change.
     stamp = VENV / ".installed"
-    pyproject = ROOT / "pyproject.toml"
-    if not stamp.exists() or stamp.stat().st_mtime < pyproject.stat().st_mtime:
+    packages = " ".join(sorted(p.parent.name for p in ROOT.glob("*/__init__.py")))
+    want = f"{(ROOT / 'pyproject.toml').stat().st_mtime_ns} {packages}"
+    if not stamp.exists() or stamp.read_text() != want:
         run(str(BIN / "python"), "-m", "pip", "install", "-q", "--upgrade", "pip")
         run(str(BIN / "python"), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]")
-        stamp.touch()
+        stamp.write_text(want)
 
 
 def ensure_redis() -> None:

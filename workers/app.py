@@ -15,7 +15,7 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from farm import presence
 from farm.celeryconf import celery_config
-from farm.protocol import GROUP_TASK
+from farm.protocol import GROUP_TASK, PING_TASK
 from farm.runtimes.base import client_for
 from farm.settings import Settings
 from workers.tasks import DeviceQuarantined, WorkerContext, run_group
@@ -68,6 +68,11 @@ def create_app(settings: Settings | None = None) -> Celery:
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
             raise Reject(f"device quarantined: {e}", requeue=True) from e
+
+    @app.task(name=PING_TASK)
+    def ping() -> dict[str, Any]:
+        """A no-op round trip through the broker and the worker (health checks, the overhead benchmark)."""
+        return {"pong": os.environ.get(WORKER_ID_VARIABLE, ""), "pid": os.getpid()}
 
     return app
 

@@ -112,7 +112,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
         )
         return ctx.results.put_if_absent(failed).to_dict()
     try:
-        result = _trials(task, ctx, provenance)
+        with ctx.client.exclusive():  # one acquisition for the whole group; each trial re-enters it for free
+            result = _trials(task, ctx, provenance)
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
             ctx.quarantined = e.message

@@ -68,30 +68,70 @@ def lock_directory() -> Path:
     return Path(os.environ.get("FARM_LOCK_DIR") or Path(tempfile.gettempdir()) / "farm-device-locks")
 
 
-_thread_locks: dict[str, threading.Lock] = {}
-_thread_locks_guard = threading.Lock()
+class _Held:
+    """The process-wide state of one device's lock, shared by every client of that device."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.depth = 0
+        self.fd: int | None = None
+
+
+_held: dict[str, _Held] = {}
+_held_guard = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """A forked child holds no device: drop its copies of the parent's lock state (and lock file descriptors)."""
+    global _held_guard
+    for state in _held.values():
+        if state.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(state.fd)
+    _held.clear()
+    _held_guard = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class DeviceLock:
-    """Exclusive use of one physical device: a lock per process thread, plus an OS file lock (flock) so that two
-    processes never run trials on the same device at once."""
+    """Exclusive use of one physical device: a re-entrant lock per process, plus an OS file lock (flock) so
+    that two processes never run trials on the same device at once. Re-entry by the holding thread is free, so a
+    worker can hold the device for a whole group of trials."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        with _thread_locks_guard:
-            self._thread_lock = _thread_locks.setdefault(name, threading.Lock())
         self.path = lock_directory() / f"{name}.lock"
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
-        with self._thread_lock:
+        with _held_guard:
+            state = _held.setdefault(self.name, _Held())
+        with state.lock:
+            if state.depth == 0:
+                state.fd = self._acquire()
+            state.depth += 1
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            except OSError as e:
-                raise TuneFailure.device(f"cannot open device lock {self.path}: {e}") from e
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
             finally:
-                os.close(fd)  # closing releases the flock
+                state.depth -= 1
+                if state.depth == 0 and state.fd is not None:
+                    os.close(state.fd)  # closing releases the flock
+                    state.fd = None
+
+    def _acquire(self) -> int:
+        try:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise TuneFailure.device(f"cannot open device lock {self.path}: {e}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            os.close(fd)
+            raise TuneFailure.device(f"cannot lock {self.path}: {e}") from e
+        return fd

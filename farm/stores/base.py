@@ -40,16 +40,54 @@ class DecisionRecord:
         body["checksum"] = _checksum(body)
         return body
 
+    def to_json(self) -> str:
+        """Canonical JSON with the checksum as the LAST member, so :meth:`from_json` verifies the text itself
+        (one sha256, no re-serialization) on the fleet's read path."""
+        body: dict[str, Any] = {"schema": SCHEMA_VERSION, **asdict(self)}
+        body["meta"] = dict(self.meta)
+        text = _canonical(body)
+        return f'{text[:-1]},"checksum":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
+
+    @classmethod
+    def from_json(cls, text: str | bytes, expected_key: str | None = None) -> DecisionRecord:
+        """Parse and verify text written by :meth:`to_json` (or any JSON object form: then :meth:`from_dict`)."""
+        if isinstance(text, bytes):
+            try:
+                text = text.decode()
+            except UnicodeDecodeError as e:
+                raise CorruptRecord(f"record is not UTF-8: {e}") from e
+        at = text.rfind(_CHECKSUM_MARK)
+        if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66:
+            body = text[:at] + "}"
+            if hashlib.sha256(body.encode()).hexdigest() != text[at + len(_CHECKSUM_MARK) : -2]:
+                raise CorruptRecord("checksum mismatch")
+            try:
+                data = json.loads(body)
+            except json.JSONDecodeError as e:
+                raise CorruptRecord(f"record is not JSON: {e}") from e
+            return cls._build(data, expected_key)
+        try:
+            return cls.from_dict(json.loads(text), expected_key)
+        except json.JSONDecodeError as e:
+            raise CorruptRecord(f"record is not JSON: {e}") from e
+
     @classmethod
     def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
         """Parse and verify a stored record; CorruptRecord says what is wrong with it."""
         if not isinstance(data, dict):
             raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
-        if data.get("schema") != SCHEMA_VERSION:
-            raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
         body = {k: v for k, v in data.items() if k != "checksum"}
         if data.get("checksum") != _checksum(body):
-            raise CorruptRecord("checksum mismatch")
+            raise CorruptRecord("checksum mismatch" if data.get("schema") == SCHEMA_VERSION
+                                else f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
+        return cls._build(data, expected_key)
+
+    @classmethod
+    def _build(cls, data: Any, expected_key: str | None) -> DecisionRecord:
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
         try:
             record = cls(
                 cache_key=_typed(data, "cache_key", str),
@@ -93,8 +131,15 @@ def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
     return value
 
 
+_CHECKSUM_MARK = ',"checksum":"'
+
+
+def _canonical(body: dict[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
 def _checksum(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
 class DecisionStore(Protocol):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -33,15 +32,10 @@ class DiskStore:
             return None
         except OSError as e:
             raise CorruptRecord(f"unreadable record: {e}") from e
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CorruptRecord(f"record is not JSON: {e}") from e
-        return DecisionRecord.from_dict(data, expected_key=cache_key)
+        return DecisionRecord.from_json(raw, expected_key=cache_key)
 
     def put(self, record: DecisionRecord) -> None:
-        data = json.dumps(record.to_dict(), sort_keys=True).encode()
-        write_atomic(self.path(record.cache_key), data)
+        write_atomic(self.path(record.cache_key), record.to_json().encode())
         self._prune()
 
     def delete(self, cache_key: str) -> None:

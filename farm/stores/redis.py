@@ -9,7 +9,6 @@ after a back-off, never an exception on the caller's path.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -92,11 +91,7 @@ class RedisDecisions:
         self._backoff = self._backoff_initial
         if raw is None:
             return None
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise CorruptRecord(f"fleet record is not JSON: {e}") from e
-        return DecisionRecord.from_dict(data, expected_key=cache_key)
+        return DecisionRecord.from_json(raw, expected_key=cache_key)
 
     def put(self, record: DecisionRecord) -> None:
         self.publish(record, key_environment(record.cache_key))
@@ -119,7 +114,7 @@ class RedisDecisions:
         digest = fingerprint_digest(fingerprint)
         s = self.settings
         keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key]
-        args = [field_for(record.cache_key), json.dumps(record.to_dict(), sort_keys=True), problem_id, digest,
+        args = [field_for(record.cache_key), record.to_json(), problem_id, digest,
                 fingerprint, str(s.events_maxlen)]
         try:
             replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
@@ -140,8 +135,8 @@ class RedisDecisions:
         """Every readable record of one fingerprint (corrupt ones are logged and skipped)."""
         for _, raw in self.client.hscan_iter(self.settings.decisions_key(digest), count=1000):
             try:
-                yield DecisionRecord.from_dict(json.loads(raw))
-            except (CorruptRecord, json.JSONDecodeError) as e:
+                yield DecisionRecord.from_json(raw)
+            except CorruptRecord as e:
                 log.warning("skipping unreadable decision record in %s: %s", digest, e)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:

@@ -1,0 +1,211 @@
+"""matmul: ``C = A @ B`` for 2-D ``A`` (m, k) and ``B`` (k, n).
+
+Spec: ``m``, ``n``, ``k`` (1..65536), ``dtype`` (cpu: float32, float64; cuda: float16, float32), ``layout``
+(contiguous | a_transposed | b_transposed | transposed | strided: which operands are transposed views, or both
+strided views), ``seed``. Input values are uniform in [-1, 1).
+
+Host candidates (reference ``numpy.matmul``): ``numpy.dot`` (less dispatch overhead on tiny products), the
+transposed product ``(B^T A^T)^T`` (hands BLAS transposed operands as C-ordered ones), ``dot`` of contiguous
+copies, ``tensordot``, ``einsum`` and row-panel products at three panel heights. CUDA candidates (reference
+``cupy.matmul``, cuBLAS): tiled GEMMs with 16 x 16 and 32 x 32 tiles, and thread-coarsened GEMMs (32 x 32 tiles,
+4 outputs per thread; 64 x 64 tiles, 4 and 8 outputs per thread) from ``cuda/matmul.cu``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from farm.arrays import array_signature
+from farm.policy import Tolerance
+from farm.tunable import TunableSet
+from kernels.cuda import CudaKernel, CudaProgram, array_module, cdiv, cuda_generate, element_strides, i32, i64
+from kernels.layout import arrange, uniform
+from kernels.operation import Operation, choice, code_identity, dim
+
+NAME = "matmul"
+LAYOUTS = ("contiguous", "a_transposed", "b_transposed", "transposed", "strided")
+HOST_DTYPES = ("float32", "float64")
+CUDA_DTYPES = ("float16", "float32")
+
+
+def _magnitude(x: np.ndarray) -> float:
+    return float(np.abs(x).max()) if x.size else 0.0
+
+
+def host_tolerance(a: np.ndarray, b: np.ndarray) -> Tolerance:
+    """Each output sums k products in an order that differs between candidates: the rounding error grows with k
+    and with the operands' magnitudes (a typical error is about eps * k / 3 * |A| |B|; this allows ~100x)."""
+    eps = float(np.finfo(a.dtype).eps)
+    k = a.shape[1]
+    return Tolerance(absolute=32 * eps * k * _magnitude(a) * _magnitude(b), relative=32 * eps * math.sqrt(k))
+
+
+def cuda_tolerance(a: Any, b: Any) -> Tolerance:
+    """As on the host, for inputs of magnitude about one (the spec's generator); float16 outputs round to 11
+    bits, and cuBLAS may accumulate float16 products in lower precision than the kernels' float."""
+    k = a.shape[1]
+    if a.dtype == np.float16:
+        return Tolerance(absolute=4e-3 * math.sqrt(k), relative=1e-2)
+    eps = float(np.finfo(np.float32).eps)
+    return Tolerance(absolute=32 * eps * k, relative=32 * eps * math.sqrt(k))
+
+
+# -- host ---------------------------------------------------------------------------------------------------
+
+
+def numpy_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a, b)
+
+
+def numpy_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # np.dot skips the gufunc machinery of np.matmul: less fixed cost, which dominates tiny products.
+    return np.dot(a, b)
+
+
+def transposed_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # (B^T A^T)^T: an F-ordered A becomes a C-ordered A^T, so BLAS gets the layout it prefers without a copy.
+    # The result is the transposed view of a fresh array: same values, Fortran order.
+    return np.matmul(b.T, a.T).T
+
+
+def contiguous_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # Copy strided operands once so BLAS runs on packed rows.
+    return np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+
+
+def tensordot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.tensordot(a, b, axes=1)
+
+
+def einsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.einsum("ik,kj->ij", a, b, optimize=True)
+
+
+def row_panels(height: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """A blocked product: ``height`` rows of C at a time, each panel one BLAS call written in place."""
+
+    def panels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
+        for i in range(0, a.shape[0], height):
+            np.matmul(a[i : i + height], b, out=out[i : i + height])
+        return out
+
+    return panels
+
+
+def host_tunable() -> TunableSet:
+    """The host candidate set (a fresh one on every call)."""
+    ts = TunableSet(NAME, signature=array_signature, tolerance=host_tolerance)
+    ts.add(numpy_matmul, reference=True)
+    ts.add(numpy_dot, group=0)
+    ts.add(transposed_product, group=0)
+    ts.add(contiguous_dot, group=0)
+    ts.add(tensordot, group=1)
+    ts.add(einsum, group=1)
+    for height in (32, 64, 128):
+        ts.add(row_panels(height), name=f"row_panels_{height}", group=2, identity=code_identity(height=height))
+    return ts
+
+
+# -- CUDA ---------------------------------------------------------------------------------------------------
+
+PROGRAM = CudaProgram("matmul.cu")
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    """A GEMM kernel's launch configuration: ``tile`` x ``tile`` outputs per block, ``coarsen`` per thread."""
+
+    kernel: str
+    tile: int
+    coarsen: int = 1
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.tile, self.tile // self.coarsen, 1)
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        return (cdiv(n, self.tile), cdiv(m, self.tile), 1)
+
+
+GEMM_LAUNCHES = {
+    "tiled_16": GemmLaunch("gemm_tiled16", 16),
+    "tiled_32": GemmLaunch("gemm_tiled32", 32),
+    "coarse_32x4": GemmLaunch("gemm_coarse32x4", 32, 4),
+    "coarse_64x4": GemmLaunch("gemm_coarse64x4", 64, 4),
+    "coarse_64x8": GemmLaunch("gemm_coarse64x8", 64, 8),
+}
+
+
+def cupy_matmul(a: Any, b: Any) -> Any:
+    return array_module(a).matmul(a, b)  # cuBLAS
+
+
+def gemm(kernel: CudaKernel, launch: GemmLaunch) -> Callable[[Any, Any], Any]:
+    """A CUDA candidate launching one GEMM kernel of ``cuda/matmul.cu`` with ``launch``."""
+
+    def tiled_gemm(a: Any, b: Any) -> Any:
+        xp = array_module(a)
+        m, k = a.shape
+        n = b.shape[1]
+        c = xp.empty((m, n), dtype=a.dtype)
+        sa, sb, sc = element_strides(a), element_strides(b), element_strides(c)
+        args = (a, b, c, i32(m), i32(n), i32(k), i64(sa[0]), i64(sa[1]), i64(sb[0]), i64(sb[1]), i64(sc[0]), i64(sc[1]))
+        kernel.launch(a.dtype, launch.grid(m, n), launch.block, args)
+        return c
+
+    return tiled_gemm
+
+
+def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, GemmLaunch] = GEMM_LAUNCHES) -> TunableSet:
+    """The CUDA candidate set; constructible without CuPy (kernels compile on first launch)."""
+    ts = TunableSet(NAME, signature=array_signature, generate=cuda_generate, tolerance=cuda_tolerance)
+    ts.add(cupy_matmul, reference=True)
+    for name, launch in launches.items():
+        kernel = program.kernel(launch.kernel, CUDA_DTYPES)
+        group = 0 if launch.coarsen == 1 else 1
+        ts.add(gemm(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    return ts
+
+
+# -- workloads ----------------------------------------------------------------------------------------------
+
+
+def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any, Any]:
+    """A (m, k) and B (k, n), uniform in [-1, 1), laid out as ``spec["layout"]`` says."""
+    m, n, k, dtype, layout = spec["m"], spec["n"], spec["k"], spec["dtype"], spec["layout"]
+    a = uniform(rng, (m, k), dtype)
+    b = uniform(rng, (k, n), dtype)
+    a_layout = {"a_transposed": "transposed", "transposed": "transposed", "strided": "strided"}.get(layout, "contiguous")
+    b_layout = {"b_transposed": "transposed", "transposed": "transposed", "strided": "strided"}.get(layout, "contiguous")
+    return arrange(xp, a, a_layout), arrange(xp, b, b_layout)
+
+
+def elements(spec: Mapping[str, Any]) -> int:
+    # A strided operand's base array is twice as wide.
+    factor = 2 if spec["layout"] == "strided" else 1
+    return max(spec["m"] * spec["k"] * factor, spec["k"] * spec["n"] * factor, spec["m"] * spec["n"])
+
+
+OPERATION = Operation(
+    name=NAME,
+    host=host_tunable(),
+    cuda=cuda_tunable(),
+    fields=(
+        dim("m", "rows of A and C"),
+        dim("n", "columns of B and C"),
+        dim("k", "columns of A, rows of B"),
+        choice("layout", LAYOUTS, default="contiguous", help="which operands are transposed or strided views"),
+    ),
+    dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
+    make=make_inputs,
+    elements=elements,
+    description="C = A @ B",
+)
+
+OPERATIONS = (OPERATION,)

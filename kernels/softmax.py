@@ -1,0 +1,212 @@
+"""softmax over the rows of a 2-D array: ``y[i, j] = exp(x[i, j] - max_j x[i]) / sum_j exp(x[i, j] - max_j x[i])``.
+
+Spec: ``rows``, ``cols`` (1..65536), ``dtype`` (cpu: float32, float64; cuda: float16, float32), ``layout``
+(contiguous | transposed | strided), ``seed``. Input values are normal with standard deviation 3 (logits).
+
+Host candidates (reference: the numerically stable three-pass form, max then exp-sum then divide): an in-place
+form that writes every pass into one ``out=`` buffer, the same multiplying by the reciprocal of the row sums, row
+sums through BLAS (a matrix-vector product with ones), an online form that makes a single pass over column chunks
+with a running max and rescaled sum, and row-chunked forms that keep a cache-sized block of rows through all three
+passes. CUDA candidates (reference: the three-pass form in CuPy, in float32 for float16 inputs): warp-per-row
+(three passes and online single pass) and block-per-row kernels with 128, 256 and 512 threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from farm.arrays import array_signature
+from farm.policy import Tolerance
+from farm.tunable import TunableSet
+from kernels.cuda import CudaKernel, CudaProgram, array_module, cdiv, cuda_generate, element_strides, i32, i64
+from kernels.layout import LAYOUTS, arrange, normal
+from kernels.operation import Operation, choice, code_identity, dim
+
+NAME = "softmax"
+HOST_DTYPES = ("float32", "float64")
+CUDA_DTYPES = ("float16", "float32")
+ONLINE_CHUNK = 512
+
+
+def tolerance(x: Any) -> Tolerance:
+    """Outputs lie in [0, 1]; the row sum's rounding error grows with the row length (the sums' order differs)."""
+    if x.dtype == np.float16:
+        return Tolerance(absolute=1e-4, relative=4e-3)  # one float16 rounding of a float result
+    eps = float(np.finfo(x.dtype).eps)
+    return Tolerance(absolute=8 * eps, relative=8 * eps * math.sqrt(x.shape[-1]) + 16 * eps)
+
+
+# -- host ---------------------------------------------------------------------------------------------------
+
+
+def three_pass(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def inplace(x: np.ndarray) -> np.ndarray:
+    # One output buffer for all three passes: no exp temporary, no separate quotient.
+    out = np.subtract(x, x.max(axis=-1, keepdims=True))
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+def inplace_reciprocal(x: np.ndarray) -> np.ndarray:
+    # A multiply by rows-many reciprocals is cheaper than rows * cols divisions.
+    out = np.subtract(x, np.max(x, axis=-1, keepdims=True))
+    np.exp(out, out=out)
+    sums = np.add.reduce(out, axis=-1, keepdims=True)
+    np.reciprocal(sums, out=sums)
+    out *= sums
+    return out
+
+
+def matvec_sum(x: np.ndarray) -> np.ndarray:
+    # Row sums as a BLAS matrix-vector product: multithreaded and vectorized, where np.sum of short rows is not.
+    out = np.subtract(x, x.max(axis=-1, keepdims=True))
+    np.exp(out, out=out)
+    sums = out @ np.ones(out.shape[-1], dtype=out.dtype)
+    out /= sums[:, None]
+    return out
+
+
+def online(x: np.ndarray) -> np.ndarray:
+    # Single pass over column chunks: a running max and a sum rescaled whenever the max grows, then one
+    # normalizing pass. exp(-inf - m) is 0, so the first chunk needs no special case.
+    rows, cols = x.shape
+    top = np.full((rows, 1), -np.inf, dtype=x.dtype)
+    total = np.zeros((rows, 1), dtype=x.dtype)
+    for j in range(0, cols, ONLINE_CHUNK):
+        block = x[:, j : j + ONLINE_CHUNK]
+        new = np.maximum(top, block.max(axis=1, keepdims=True))
+        total *= np.exp(top - new)
+        total += np.exp(block - new).sum(axis=1, keepdims=True)
+        top = new
+    out = np.subtract(x, top)
+    np.exp(out, out=out)
+    out /= total
+    return out
+
+
+def row_chunks(target_bytes: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The three passes over blocks of rows of about ``target_bytes``, so each block stays in cache."""
+
+    def chunks(x: np.ndarray) -> np.ndarray:
+        out = np.empty(x.shape, dtype=x.dtype)
+        step = max(1, target_bytes // (x.shape[1] * x.itemsize))
+        for i in range(0, x.shape[0], step):
+            block, o = x[i : i + step], out[i : i + step]
+            np.subtract(block, block.max(axis=1, keepdims=True), out=o)
+            np.exp(o, out=o)
+            o /= o.sum(axis=1, keepdims=True)
+        return out
+
+    return chunks
+
+
+def host_tunable() -> TunableSet:
+    """The host candidate set (a fresh one on every call)."""
+    ts = TunableSet(NAME, signature=array_signature, tolerance=tolerance)
+    ts.add(three_pass, reference=True)
+    ts.add(inplace, group=0)
+    ts.add(inplace_reciprocal, group=0)
+    ts.add(matvec_sum, group=0)
+    ts.add(online, group=1, identity=code_identity(chunk=ONLINE_CHUNK))
+    for size in (64 << 10, 256 << 10):
+        ts.add(row_chunks(size), name=f"row_chunks_{size >> 10}k", group=1, identity=code_identity(target_bytes=size))
+    return ts
+
+
+# -- CUDA ---------------------------------------------------------------------------------------------------
+
+PROGRAM = CudaProgram("softmax.cu")
+
+
+@dataclass(frozen=True)
+class SoftmaxLaunch:
+    """``rows_per_block`` rows per block of ``threads`` threads (warp kernels: one row per warp)."""
+
+    kernel: str
+    threads: int
+    rows_per_block: int
+
+    def grid(self, rows: int) -> tuple[int, int, int]:
+        return (cdiv(rows, self.rows_per_block), 1, 1)
+
+
+SOFTMAX_LAUNCHES = {
+    "warp_per_row": SoftmaxLaunch("softmax_warp", 256, 8),
+    "warp_online": SoftmaxLaunch("softmax_online", 256, 8),
+    "block_per_row_128": SoftmaxLaunch("softmax_block128", 128, 1),
+    "block_per_row_256": SoftmaxLaunch("softmax_block256", 256, 1),
+    "block_per_row_512": SoftmaxLaunch("softmax_block512", 512, 1),
+}
+
+
+def cupy_three_pass(x: Any) -> Any:
+    xp = array_module(x)
+    # float16 in float32: the trusted result must not lose the 11-bit format's precision in x - max.
+    v = x.astype(np.float32) if x.dtype == np.float16 else x
+    e = xp.exp(v - v.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype, copy=False)
+
+
+def softmax_kernel(kernel: CudaKernel, launch: SoftmaxLaunch) -> Callable[[Any], Any]:
+    """A CUDA candidate launching one kernel of ``cuda/softmax.cu`` with ``launch``."""
+
+    def row_softmax(x: Any) -> Any:
+        xp = array_module(x)
+        rows, cols = x.shape
+        y = xp.empty((rows, cols), dtype=x.dtype)
+        sr, sc = element_strides(x)
+        kernel.launch(x.dtype, launch.grid(rows), (launch.threads, 1, 1), (x, y, i32(rows), i32(cols), i64(sr), i64(sc)))
+        return y
+
+    return row_softmax
+
+
+def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, SoftmaxLaunch] = SOFTMAX_LAUNCHES) -> TunableSet:
+    """The CUDA candidate set; constructible without CuPy."""
+    ts = TunableSet(NAME, signature=array_signature, generate=cuda_generate, tolerance=tolerance)
+    ts.add(cupy_three_pass, reference=True)
+    for name, launch in launches.items():
+        kernel = program.kernel(launch.kernel, CUDA_DTYPES)
+        group = 0 if launch.rows_per_block > 1 else 1
+        ts.add(softmax_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    return ts
+
+
+# -- workloads ----------------------------------------------------------------------------------------------
+
+
+def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any]:
+    """x (rows, cols): normal logits with standard deviation 3, laid out as ``spec["layout"]`` says."""
+    return (arrange(xp, normal(rng, (spec["rows"], spec["cols"]), spec["dtype"], scale=3.0), spec["layout"]),)
+
+
+def elements(spec: Mapping[str, Any]) -> int:
+    return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+
+
+OPERATION = Operation(
+    name=NAME,
+    host=host_tunable(),
+    cuda=cuda_tunable(),
+    fields=(
+        dim("rows", "independent rows"),
+        dim("cols", "length of each row (the softmax axis)"),
+        choice("layout", LAYOUTS, default="contiguous", help="memory layout of x"),
+    ),
+    dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
+    make=make_inputs,
+    elements=elements,
+    description="softmax over the last axis of a 2-D array",
+)
+
+OPERATIONS = (OPERATION,)
