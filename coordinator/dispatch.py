@@ -4,7 +4,7 @@
   the policy; results are read from the shared results store as they complete (no chords); a task Celery marks
   failed without a stored result (hard time limit, lost beyond retries) becomes a failed group result.
 - :class:`LocalDispatcher`: the embedded farm: runs each task in-process through an injected ``execute`` (the CLI
-  passes :func:`workers.tasks.run_group`, the very function the Celery task runs).
+  passes :func:`workers.tasks.run_group`, the very function the Celery task runs for each group of a batch).
 """
 
 from __future__ import annotations
@@ -31,16 +31,25 @@ class CeleryDispatcher:
         self.results = results
         self.settings = settings
         self.pending: dict[Key, tuple[GroupTask, Any]] = {}
+        self.unrun: list[GroupTask] = []
         self._state_poll = state_poll
         self._last_state_check = 0.0
 
-    def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None:
+    def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
+        """Send one Celery task carrying ``tasks`` (groups run in order on one device)."""
         soft, hard = limits
+        first = tasks[0]
         handle = self.app.send_task(
-            GROUP_TASK, args=[task.to_dict()], queue=queue, soft_time_limit=soft, time_limit=hard,
-            task_id=f"{task.run}.{task.problem_id}.{task.group}.{int(time.time() * 1000)}",
+            GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft, time_limit=hard,
+            task_id=f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}",
         )
-        self.pending[task_key(task)] = (task, handle)
+        for task in tasks:
+            self.pending[task_key(task)] = (task, handle)
+
+    def take_unrun(self) -> list[GroupTask]:
+        """Groups whose batch finished without running them (stopped after a hung candidate): send again."""
+        unrun, self.unrun = self.unrun, []
+        return unrun
 
     def collect(self, wait: float = 0.0) -> list[GroupResult]:
         """Results that completed since the last call. Blocks up to ``wait`` seconds for a completion notice
@@ -58,10 +67,19 @@ class CeleryDispatcher:
         now = time.monotonic()
         if self.pending and now - self._last_state_check >= self._state_poll:
             self._last_state_check = now
+            states: dict[str, str] = {}
             for key, (task, handle) in list(self.pending.items()):
-                if handle.state in ("FAILURE", "REVOKED"):
-                    error = f"task {handle.state.lower()}: {handle.result!r}"
+                state = states.setdefault(handle.id, handle.state)
+                if state in ("FAILURE", "REVOKED"):
+                    error = f"task {state.lower()}: {handle.result!r}"
                     done.append(self.results.put_if_absent(GroupResult.failed(task, error)))
+                    del self.pending[key]
+                elif state == "SUCCESS":
+                    late = self.results.get(*key)  # stored just after the read above?
+                    if late is not None:
+                        done.append(late)
+                    else:
+                        self.unrun.append(task)
                     del self.pending[key]
         return done
 
@@ -80,8 +98,11 @@ class LocalDispatcher:
     def pending(self) -> dict[Key, tuple[GroupTask, str]]:
         return {task_key(t): (t, q) for t, q in self.queue}
 
-    def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None:
-        self.queue.append((task, queue))
+    def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
+        self.queue.extend((task, queue) for task in tasks)
+
+    def take_unrun(self) -> list[GroupTask]:
+        return []
 
     def collect(self, wait: float = 0.0) -> list[GroupResult]:
         if not self.queue:

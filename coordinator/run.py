@@ -52,9 +52,11 @@ class Fleet(Protocol):
 class Dispatcher(Protocol):
     pending: Any
 
-    def submit(self, task: GroupTask, queue: str, limits: tuple[float, float]) -> None: ...
+    def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None: ...
 
     def collect(self, wait: float = 0.0) -> list[GroupResult]: ...
+
+    def take_unrun(self) -> list[GroupTask]: ...
 
     def close(self) -> None: ...
 
@@ -118,12 +120,28 @@ def tune(
     queue: deque[tuple[GroupTask, str]] = deque((t, fleet.queue(p.target)) for p in problems for t in p.tasks)
     summary.tasks = len(queue)
     limits = settings.time_limits(catalog.policy)
+    batch_cap = settings.batch_limit(catalog.policy)
+    observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
+
+    def batch_size() -> int:
+        """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
+        if len(observed) < 3:
+            return 1
+        mean = max(sum(observed) / len(observed), 1e-6)
+        by_cost = int(settings.batch_target_seconds / mean)
+        by_spread = len(queue) // (2 * max(1, summary.devices))
+        return max(1, min(by_cost, by_spread, batch_cap))
+
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     confirming: dict[str, str] = {}  # problem id -> worker id confirming its winner
     last_liveness = time.monotonic()
     with _progress(console, problems) as advance:
-        while queue or dispatcher.pending:
+        while True:
+            for again in dispatcher.take_unrun():
+                queue.appendleft((again, fleet.queue(by_id[again.problem_id].target)))
+            if not queue and not dispatcher.pending:
+                break
             if confirming and time.monotonic() - last_liveness > 1.0:
                 last_liveness = time.monotonic()
                 for pid, worker_id in list(confirming.items()):
@@ -133,8 +151,12 @@ def tune(
                         reason = f"unconfirmed: confirming worker {worker_id} went away"
                         _publish(_unconfirmed(by_id[pid].confirmation, reason), sink, summary)
             while queue and len(dispatcher.pending) < settings.max_in_flight:
+                size = batch_size()
                 task, name = queue.popleft()
-                dispatcher.submit(task, name, limits)
+                batch = [task]
+                while queue and len(batch) < size and queue[0][1] == name:
+                    batch.append(queue.popleft()[0])
+                dispatcher.submit(batch, name, settings.time_limits(catalog.policy, len(batch)))
             results = dispatcher.collect(wait=poll)
             if not results:
                 if deadline is not None and time.monotonic() > deadline:
@@ -154,6 +176,7 @@ def tune(
                 if result.group in problem.results:
                     continue
                 problem.results[result.group] = result
+                observed.append(result.trial_seconds)
                 task = next(t for t in problem.tasks if t.group == result.group)
                 advance(problem.target.digest, len(task.indices))
                 if problem.done:
@@ -163,7 +186,7 @@ def tune(
                         if helper is not None:
                             problem.confirmation = agg
                             confirming[problem.problem_id] = helper[0]
-                            dispatcher.submit(_confirm_task(problem, agg), helper[1], limits)
+                            dispatcher.submit([_confirm_task(problem, agg)], helper[1], limits)
                             continue
                         agg = _unconfirmed(agg)
                     _publish(agg, sink, summary)

@@ -16,7 +16,7 @@ from farm.identity import fields
 from farm.trials import Outcome
 
 PROTOCOL_VERSION = 1
-GROUP_TASK = "farm.run_group"
+GROUP_TASK = "farm.run_groups"
 PING_TASK = "farm.ping"
 REFERENCE_GROUP = "reference"
 

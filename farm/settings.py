@@ -25,6 +25,8 @@ class Settings:
     max_attempts: int = 3
     result_ttl: float = 7 * 86400.0
     max_in_flight: int = 64
+    max_batch: int = 16
+    batch_target_seconds: float = 0.25
     soft_limit_floor: float = 10.0
     visibility_timeout: float = 3600.0
     events_maxlen: int = 10000
@@ -101,13 +103,19 @@ class Settings:
     def worker_queue(worker_id: str) -> str:
         return f"farm.worker.{worker_id}"
 
-    def time_limits(self, policy: StackPolicy) -> tuple[float, float]:
-        """(soft, hard) seconds for one group task: twice the budget plus a floor, and a margin on top.
-
-        A group's trials stop starting new samples at the budget, so only a hung candidate reaches the soft limit.
-        """
-        soft = 2.0 * policy.budget + self.soft_limit_floor
+    def time_limits(self, policy: StackPolicy, groups: int = 1) -> tuple[float, float]:
+        """(soft, hard) seconds for one task carrying ``groups`` groups: twice the budget per group plus a
+        floor, and a margin on top. A group's trials stop starting new samples at the budget, so only a hung
+        candidate reaches the soft limit."""
+        soft = 2.0 * policy.budget * groups + self.soft_limit_floor
         return soft, soft + max(5.0, 0.25 * soft)
+
+    def batch_limit(self, policy: StackPolicy) -> int:
+        """The most groups one task may carry while its hard limit stays below the visibility timeout."""
+        n = self.max_batch
+        while n > 1 and self.time_limits(policy, n)[1] >= self.visibility_timeout:
+            n -= 1
+        return n
 
     def check_limits(self, policy: StackPolicy, source: str) -> None:
         """Refuse a policy whose hard time limit would outlast the broker's visibility timeout (the task would be

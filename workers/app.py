@@ -1,7 +1,7 @@
 """The farm's Celery app (``celery -A workers.app ...``; ``farm flower`` points Flower at it).
 
-Configuration comes from ``farm.celeryconf`` (JSON only, late ack, prefetch 1, events on). The one task,
-``farm.run_group``, runs :func:`workers.tasks.run_group` in the worker's pool process, whose context (device
+Configuration comes from ``farm.celeryconf`` (JSON only, late ack, prefetch 1, events on). The task
+``farm.run_groups`` runs :func:`workers.tasks.run_groups` (a batch of group tasks) in the worker's pool process, whose context (device
 client, Redis results) is built on first use in that process, after pinning, so CUDA initializes there only.
 """
 
@@ -18,7 +18,7 @@ from farm.celeryconf import celery_config
 from farm.protocol import GROUP_TASK, PING_TASK
 from farm.runtimes.base import client_for
 from farm.settings import Settings
-from workers.tasks import DeviceQuarantined, WorkerContext, run_group
+from workers.tasks import DeviceQuarantined, WorkerContext, run_groups
 
 DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
 WORKER_ID_VARIABLE = "FARM_WORKER_ID"
@@ -62,9 +62,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.conf.farm_settings = settings
 
     @app.task(name=GROUP_TASK, bind=True)
-    def run_group_task(self: Any, message: dict[str, Any]) -> dict[str, Any]:
+    def run_groups_task(self: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         try:
-            return run_group(message, worker_context(settings))
+            return run_groups(messages, worker_context(settings))
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
             raise Reject(f"device quarantined: {e}", requeue=True) from e

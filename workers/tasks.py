@@ -47,6 +47,7 @@ class WorkerContext:
     interrupts: tuple[type[BaseException], ...] = ()
     on_quarantine: Callable[[str], None] | None = None
     quarantined: str | None = None
+    interrupted: bool = False
     host: str = field(default_factory=socket.gethostname)
 
     @property
@@ -93,6 +94,19 @@ class GuardedTrials(RuntimeTrials):
     def measure(self, candidate: int) -> float:
         result: float = self._guard(lambda: super(GuardedTrials, self).measure(candidate))
         return result
+
+
+def run_groups(messages: list[dict[str, Any]], ctx: WorkerContext) -> list[dict[str, Any]]:
+    """Run a batch of group tasks in order (the coordinator batches tiny groups so the broker's per-task cost
+    is shared). Stops after a group whose candidate hit the time limit: the groups not run get no result and
+    the coordinator sends them again."""
+    done = []
+    ctx.interrupted = False
+    for message in messages:
+        done.append(run_group(message, ctx))
+        if ctx.interrupted:
+            break
+    return done
 
 
 def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
@@ -165,6 +179,7 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
             continue
         runner.last_check = None
         outcomes.append(candidate_trials(runner, policy, 0, position, names, deadline))
+    ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
         task.run, task.problem_id, task.group, STATUS_OK, reference_times=tuple(reference_times),
         outcomes=tuple(outcomes), trial_seconds=time.monotonic() - started, **common,  # type: ignore[arg-type]
