@@ -101,10 +101,56 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds, worker_of.get(winner))
 
 
+TRIAL_FIELDS = (
+    "run", "problem_id", "group", "role", "candidate", "candidate_index", "verdict", "note", "pair",
+    "reference_seconds", "candidate_seconds", "max_abs_error", "max_rel_error", "host", "device", "worker", "attempt",
+)
+
+
+def trial_rows(problem: Problem, judged: tuple[Judged, ...] = ()) -> list[dict[str, Any]]:
+    """Every timing pair and verdict behind a problem's decision, with provenance: one row per pair (a
+    candidate that produced none gets one row with ``pair`` None); the reference's own samples have role
+    "reference". Confirmation trials have role "confirmation"."""
+    notes = {j.name: j.note for j in judged}
+    rows: list[dict[str, Any]] = []
+    results = [problem.results[t.group] for t in problem.tasks if t.group in problem.results]
+    if problem.confirmation_result is not None:
+        results.append(problem.confirmation_result)
+    for r in results:
+        p = r.provenance
+        base = {"run": r.run, "problem_id": r.problem_id, "group": r.group, "host": p.get("host"),
+                "device": p.get("device"), "worker": p.get("worker"), "attempt": p.get("attempt")}
+        role = "confirmation" if r.group == "confirm" else "candidate"
+        if r.status != "ok":
+            rows.append({**base, "role": role, "candidate": None, "candidate_index": None, "verdict": r.status,
+                         "note": r.error, "pair": None, "reference_seconds": None, "candidate_seconds": None,
+                         "max_abs_error": None, "max_rel_error": None})
+            continue
+        reference = r.names[0] if r.names else None
+        for i, t in enumerate(r.reference_times):
+            rows.append({**base, "role": "reference", "candidate": reference, "candidate_index": 0,
+                         "verdict": "reference", "note": "reference sample", "pair": i, "reference_seconds": t,
+                         "candidate_seconds": None, "max_abs_error": None, "max_rel_error": None})
+        for o in r.outcomes:
+            if o.failure is not None:
+                verdict = o.failure.split(":")[0]
+            else:
+                verdict = "passed" if o.verified else "unverified"
+            note = o.failure or notes.get(o.name, "")
+            common = {**base, "role": role, "candidate": o.name, "candidate_index": o.index, "verdict": verdict,
+                      "note": note, "max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error}
+            if not o.pairs:
+                rows.append({**common, "pair": None, "reference_seconds": None, "candidate_seconds": None})
+            for i, (ref_s, cand_s) in enumerate(o.pairs):
+                rows.append({**common, "pair": i, "reference_seconds": ref_s, "candidate_seconds": cand_s})
+    return rows
+
+
 def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggregate:
     """Apply a second device's trials of the winner: it must validate and clear the same rule, or the
     reference is kept (verified, ratio 1.0) with the reason in the record's meta."""
     assert agg.record is not None
+    agg.problem.confirmation_result = result
     record = agg.record
     outcome = result.outcomes[0] if result.status == STATUS_OK and result.outcomes else None
     reason = None

@@ -30,6 +30,7 @@ class Problem:
     skipped: dict[int, str] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)
     confirmation: Any = None
+    confirmation_result: Any = None
 
     @property
     def done(self) -> bool:

@@ -22,7 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from coordinator.aggregate import Aggregate, aggregate, confirm
+from coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
 from coordinator.catalog import Catalog
 from coordinator.plan import Problem, Target, expand
 from coordinator.sinks import Sink
@@ -218,7 +218,7 @@ def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of
 
 def _publish(agg: Aggregate, sink: Sink, summary: RunSummary) -> None:
     if agg.record is not None:
-        sink.publish(agg.record, agg.problem.target.fingerprint, agg.problem.problem_id)
+        sink.publish(agg.record, agg.problem.target.fingerprint, agg.problem.problem_id, trial_rows(agg.problem, agg.judged))
     summary.aggregates.append(agg)
 
 

@@ -18,7 +18,8 @@ from farm.stores.redis import RedisDecisions, field_for
 
 
 class Sink(Protocol):
-    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str) -> tuple[bool, str]: ...
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
+                trials: list[dict[str, Any]]) -> tuple[bool, str]: ...
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]: ...
 
@@ -29,19 +30,22 @@ class RedisSink:
     def __init__(self, decisions: RedisDecisions) -> None:
         self.decisions = decisions
 
-    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str) -> tuple[bool, str]:
-        return self.decisions.publish(record, fingerprint, problem_id)
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
+                trials: list[dict[str, Any]]) -> tuple[bool, str]:
+        return self.decisions.publish(record, fingerprint, problem_id, trials)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.decisions.decided(digest, problem_ids)
 
 
 INDEX = "farm-index.json"
+TRIALS = "trials"
 
 
 class DirectorySink:
-    """Decision records in the disk tier's format (``StackTuner(cache_directory=...)`` reads them) plus an index
-    of decided problems and fingerprints in ``farm-index.json``. One writer at a time (the embedded farm)."""
+    """Decision records in the disk tier's format (``StackTuner(cache_directory=...)`` reads them), an index
+    of decided problems and fingerprints in ``farm-index.json``, and the trial rows behind each decision in
+    ``trials/<sha256 of key>.json``. One writer at a time (the embedded farm)."""
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
@@ -58,7 +62,8 @@ class DirectorySink:
             pass
         return {"schema": 1, "fingerprints": {}, "problems": {}}
 
-    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str) -> tuple[bool, str]:
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
+                trials: list[dict[str, Any]]) -> tuple[bool, str]:
         try:
             old = self.store.get(record.cache_key)
         except CorruptRecord:
@@ -66,6 +71,7 @@ class DirectorySink:
         if not replaces(record, old):
             return False, "kept: the stored record wins under the replacement rule"
         self.store.put(record)
+        write_atomic(self.directory / TRIALS / f"{field_for(record.cache_key)}.json", json.dumps(trials).encode())
         digest = fingerprint_digest(fingerprint)
         self._index["fingerprints"][digest] = fingerprint
         self._index["problems"].setdefault(digest, {})[problem_id] = field_for(record.cache_key)

@@ -86,6 +86,21 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
         sys.exit(run_worker(device, Settings.from_env(broker_url=broker, redis_url=redis_url), kernels, loglevel))
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--broker", envvar="FARM_BROKER_URL", required=True, help="The farm's Celery broker URL.")
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--port", default=5555, show_default=True, type=int)
+@click.option("--basic-auth", envvar="FARM_FLOWER_BASIC_AUTH", required=True,
+              help="user:password[,user:password]; Flower refuses every request without it.")
+@click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
+def flower(broker: str, address: str, port: int, basic_auth: str, flower_args: tuple[str, ...]) -> None:
+    """Run Flower against the farm's broker, with basic authentication required."""
+    from workers.flower import run_flower
+
+    with _errors():
+        sys.exit(run_flower(broker, address, port, basic_auth, flower_args))
+
+
 def _celery_parts(settings: Settings) -> tuple[Any, Any, Any]:
     from celery import Celery
 

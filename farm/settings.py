@@ -68,6 +68,10 @@ class Settings:
         """Stream of decision updates."""
         return self.key("events")
 
+    def trials_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: sha256(cache key) -> JSON list of the trial rows behind the decision."""
+        return self.key("trials", fingerprint_digest)
+
     def problems_key(self, fingerprint_digest: str) -> str:
         """Hash per fingerprint: problem id -> sha256(cache key) of its published decision."""
         return self.key("problems", fingerprint_digest)

@@ -59,6 +59,13 @@ def test_a_catalog_tunes_on_the_fleet_and_a_fresh_runtime_hits_the_published_dec
     assert "wrong output" in candidate_notes["wrong_but_fast"]
     assert "RuntimeError" in candidate_notes["raises"]
     assert "NaN" in candidate_notes["returns_nan"]
+    # Every timing pair and verdict behind the decision is published with its provenance.
+    store = RedisDecisions(client=two_workers.client(), settings=two_workers.settings)
+    rows = store.trials(big.problem.target.digest, big.record.cache_key)
+    vectorized = [r for r in rows if r["candidate"] == "vectorized" and r["role"] == "candidate"]
+    assert len(vectorized) == 5 and all(r["verdict"] == "passed" and r["worker"] for r in vectorized)
+    assert any(r["candidate"] == "wrong_but_fast" and r["verdict"] == "rejected" for r in rows)
+    assert any(r["role"] == "reference" for r in rows)
     hang = decision_of(summary, "farmtest_hang", 500)
     assert "time limit" in notes(hang)["hangs"]
     assert hang.record.name == "vectorized"

@@ -9,6 +9,7 @@ after a back-off, never an exception on the caller's path.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -105,17 +106,20 @@ class RedisDecisions:
         self.client.function_load(FUNCTION_SOURCE, replace=True)
         self._function_loaded = True
 
-    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str = "") -> tuple[bool, str]:
-        """Publish atomically under the replacement rule; return (replaced, reason)."""
+    def publish(
+        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None
+    ) -> tuple[bool, str]:
+        """Publish atomically under the replacement rule, with the trial rows behind the decision (every timing
+        pair and verdict with its provenance); return (replaced, reason)."""
         import redis
 
         if not self._function_loaded:
             self.load_function()
         digest = fingerprint_digest(fingerprint)
         s = self.settings
-        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key]
+        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key, s.trials_key(digest)]
         args = [field_for(record.cache_key), record.to_json(), problem_id, digest,
-                fingerprint, str(s.events_maxlen)]
+                fingerprint, str(s.events_maxlen), json.dumps(trials, separators=(",", ":")) if trials else ""]
         try:
             replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
         except redis.ResponseError as e:
@@ -138,6 +142,11 @@ class RedisDecisions:
                 yield DecisionRecord.from_json(raw)
             except CorruptRecord as e:
                 log.warning("skipping unreadable decision record in %s: %s", digest, e)
+
+    def trials(self, digest: str, cache_key: str) -> list[dict[str, Any]]:
+        """The trial rows published with a decision ([] when none were)."""
+        raw = self.client.hget(self.settings.trials_key(digest), field_for(cache_key))
+        return list(json.loads(raw)) if raw else []
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` already have a published decision for this fingerprint."""
