@@ -65,17 +65,18 @@ def main() -> None:
             wait_worker_ready(worker, redis.client(1), settings.prefix)
             from farm.cli import _celery_parts
 
-            fleet, dispatcher, sink = _celery_parts(settings)
+            parts = _celery_parts(settings)
+            fleet, dispatcher = parts["fleet"], parts["dispatcher"]
             quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
 
             # (a) efficiency on the example catalog
             catalog = load_catalog(host_catalog(directory))
-            a = tune(catalog, fleet, dispatcher, sink, settings, console=quiet)
+            a = tune(catalog, settings=settings, console=quiet, **parts)
             efficiency = a.trial_seconds / (a.wall_seconds * 1)
 
             # (b) decisions/s on trivial candidates vs raw no-op tasks/s
             trivial = load_catalog(trivial_catalog(directory, args.trivial), ("bench_ops",))
-            b = tune(trivial, fleet, dispatcher, sink, settings, console=quiet)
+            b = tune(trivial, settings=settings, console=quiet, **parts)
             decisions_per_s = b.published / b.wall_seconds
             app = dispatcher.app
             queue = fleet.queue(fleet.targets()[0])

@@ -3,6 +3,7 @@ aggregate and confirm winners, publish decisions, and show progress and a summar
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections import deque
@@ -83,6 +84,22 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
+class Leases(Protocol):
+    """Single flight across coordinators (see coordinator.leases)."""
+
+    def acquire(self, pids: list[str], holder: str) -> set[str]: ...
+
+    def renew(self, pids: list[str], holder: str) -> set[str]: ...
+
+    def release(self, pid: str, holder: str) -> None: ...
+
+    def rounds(self, pids: list[str], run: str, fresh: bool) -> dict[str, str]: ...
+
+
+class Results(Protocol):
+    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]: ...
+
+
 def tune(
     catalog: Catalog,
     fleet: Fleet,
@@ -90,6 +107,8 @@ def tune(
     sink: Sink,
     settings: Settings,
     *,
+    leases: Leases | None = None,
+    results: Results | None = None,
     run: str | None = None,
     force: bool = False,
     fingerprint: str | None = None,
@@ -97,101 +116,207 @@ def tune(
     timeout: float | None = None,
     poll: float = 0.5,
 ) -> RunSummary:
-    """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it."""
-    console = console or Console(stderr=True)
+    """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it.
+
+    With ``leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
+    lease expires), and group results already stored under a problem's round are reused (resume after a crash).
+    """
+    from coordinator.leases import LocalLeases
+
     settings.check_limits(catalog.policy, catalog.path)
-    run = run or new_run_id()
-    targets = fleet.targets()
-    if fingerprint:
-        targets = [t for t in targets if t.digest.startswith(fingerprint) or t.fingerprint == fingerprint]
-    if not targets:
-        raise FarmError("no live workers" + (f" with fingerprint {fingerprint}" if fingerprint else "") + ": start `farm worker` first")
-    problems = expand(catalog, targets, run)
-    if not problems:
-        raise FarmError(f"{catalog.path}: no workload matches the device kinds online ({sorted({t.device_kind for t in targets})})")
-    summary = RunSummary(run, devices=sum(max(1, len(t.workers)) for t in targets))
-    if not force:
-        decided: set[str] = set()
-        for target in targets:
-            decided |= sink.decided(target.digest, [p.problem_id for p in problems if p.target is target])
-        summary.already_decided = [p for p in problems if p.problem_id in decided]
-        problems = [p for p in problems if p.problem_id not in decided]
-    by_id = {p.problem_id: p for p in problems}
-    queue: deque[tuple[GroupTask, str]] = deque((t, fleet.queue(p.target)) for p in problems for t in p.tasks)
-    summary.tasks = len(queue)
-    limits = settings.time_limits(catalog.policy)
-    batch_cap = settings.batch_limit(catalog.policy)
-    observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
+    state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
+                 force, console or Console(stderr=True), poll)
+    return state.execute(fingerprint, timeout)
 
-    def batch_size() -> int:
-        """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
-        if len(observed) < 3:
-            return 1
-        mean = max(sum(observed) / len(observed), 1e-6)
-        by_cost = int(settings.batch_target_seconds / mean)
-        by_spread = len(queue) // (2 * max(1, summary.devices))
-        return max(1, min(by_cost, by_spread, batch_cap))
 
-    started = time.monotonic()
-    deadline = None if timeout is None else started + timeout
-    confirming: dict[str, str] = {}  # problem id -> worker id confirming its winner
-    last_liveness = time.monotonic()
-    with _progress(console, problems) as advance:
-        while True:
-            for again in dispatcher.take_unrun():
-                queue.appendleft((again, fleet.queue(by_id[again.problem_id].target)))
-            if not queue and not dispatcher.pending:
-                break
-            if confirming and time.monotonic() - last_liveness > 1.0:
-                last_liveness = time.monotonic()
-                for pid, worker_id in list(confirming.items()):
-                    if not fleet.alive(worker_id):
-                        del confirming[pid]
-                        dispatcher.pending.pop((run, pid, CONFIRM_GROUP), None)
-                        reason = f"unconfirmed: confirming worker {worker_id} went away"
-                        _publish(_unconfirmed(by_id[pid].confirmation, reason), sink, summary)
-            while queue and len(dispatcher.pending) < settings.max_in_flight:
-                size = batch_size()
-                task, name = queue.popleft()
-                batch = [task]
-                while queue and len(batch) < size and queue[0][1] == name:
-                    batch.append(queue.popleft()[0])
-                dispatcher.submit(batch, name, settings.time_limits(catalog.policy, len(batch)))
-            results = dispatcher.collect(wait=poll)
-            if not results:
-                if deadline is not None and time.monotonic() > deadline:
-                    _expire(dispatcher, queue, by_id, summary, catalog, run, sink, advance)
+class _Run:
+    """The state of one tuning run (see :func:`tune`)."""
+
+    def __init__(self, catalog: Catalog, fleet: Fleet, dispatcher: Dispatcher, sink: Sink, settings: Settings,
+                 leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float) -> None:
+        self.catalog, self.fleet, self.dispatcher, self.sink = catalog, fleet, dispatcher, sink
+        self.settings, self.leases, self.results, self.run = settings, leases, results, run
+        self.force, self.console, self.poll = force, console, poll
+        self.policy = catalog.policy
+        self.queue: deque[tuple[GroupTask, str]] = deque()
+        self.by_id: dict[str, Problem] = {}
+        self.waiting: dict[str, Problem] = {}  # held by another coordinator
+        self.confirming: dict[str, str] = {}  # problem id -> worker id confirming its winner
+        self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
+        self.batch_cap = settings.batch_limit(self.policy)
+        self.summary = RunSummary(run)
+        self.advance: Any = lambda digest, trials: None
+
+    # -- the run ------------------------------------------------------------------------------------------
+
+    def execute(self, fingerprint: str | None, timeout: float | None) -> RunSummary:
+        targets = self.fleet.targets()
+        if fingerprint:
+            targets = [t for t in targets if t.digest.startswith(fingerprint) or t.fingerprint == fingerprint]
+        if not targets:
+            raise FarmError("no live workers" + (f" with fingerprint {fingerprint}" if fingerprint else "")
+                            + ": start `farm worker` first")
+        problems = expand(self.catalog, targets, self.run)
+        if not problems:
+            kinds = sorted({t.device_kind for t in targets})
+            raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
+        self.summary.devices = sum(max(1, len(t.workers)) for t in targets)
+        if not self.force:
+            decided = self._decided(problems)
+            self.summary.already_decided = [p for p in problems if p.problem_id in decided]
+            problems = [p for p in problems if p.problem_id not in decided]
+        self.by_id = {p.problem_id: p for p in problems}
+        self.summary.tasks = sum(len(p.tasks) for p in problems)
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        with _progress(self.console, problems) as advance:
+            self.advance = advance
+            self._claim(problems)
+            last_upkeep = time.monotonic()
+            while True:
+                for again in self.dispatcher.take_unrun():
+                    self.queue.appendleft((again, self.fleet.queue(self.by_id[again.problem_id].target)))
+                if not self.queue and not self.dispatcher.pending and not self.waiting:
                     break
+                if time.monotonic() - last_upkeep > min(1.0, self.settings.lease_ttl / 3):
+                    last_upkeep = time.monotonic()
+                    self._upkeep()
+                self._submit()
+                done = self.dispatcher.collect(wait=self.poll)
+                for result in done:
+                    self._on_result(result)
+                if not done and deadline is not None and time.monotonic() > deadline:
+                    self._expire()
+                    break
+        self.summary.wall_seconds = time.monotonic() - started
+        return self.summary
+
+    def _decided(self, problems: list[Problem]) -> set[str]:
+        decided: set[str] = set()
+        for digest in {p.target.digest for p in problems}:
+            decided |= self.sink.decided(digest, [p.problem_id for p in problems if p.target.digest == digest])
+        return decided
+
+    def _claim(self, problems: list[Problem]) -> None:
+        """Lease what is free, give each leased problem its round, reuse results stored under it, queue the rest."""
+        if not problems:
+            return
+        held = self.leases.acquire([p.problem_id for p in problems], self.run)
+        for p in problems:
+            if p.problem_id not in held:
+                self.waiting[p.problem_id] = p
+        mine = [p for p in problems if p.problem_id in held]
+        if not mine:
+            return
+        rounds = self.leases.rounds([p.problem_id for p in mine], self.run, fresh=self.force)
+        for p in mine:
+            self.waiting.pop(p.problem_id, None)
+            p.tasks = [dataclasses.replace(t, run=rounds[p.problem_id]) for t in p.tasks]
+        if self.results is not None:
+            keys = [(t.run, t.problem_id, t.group) for p in mine for t in p.tasks]
+            for found in self.results.get_many(keys):
+                if found is not None:
+                    self._on_result(found, reused=True)
+        for p in mine:
+            name = self.fleet.queue(p.target)
+            self.queue.extend((t, name) for t in p.tasks if t.group not in p.results)
+
+    def _upkeep(self) -> None:
+        """Renew our leases, settle problems others decided, take over problems whose holder died, and give up on
+        confirmations whose worker went away."""
+        ours = [pid for pid, p in self.by_id.items() if pid not in self.waiting and not self._published(p)]
+        for pid in self.leases.renew(ours, self.run):
+            self.console.log(f"lost the lease of problem {pid}; another coordinator took it over")
+        if self.waiting:
+            waiting = list(self.waiting.values())
+            for pid in self._decided(waiting) if not self.force else set():
+                self.summary.already_decided.append(self.waiting.pop(pid))
+            self._claim(list(self.waiting.values()))
+        for pid, worker_id in list(self.confirming.items()):
+            if not self.fleet.alive(worker_id):
+                del self.confirming[pid]
+                self.dispatcher.pending.pop((self.by_id[pid].tasks[0].run, pid, CONFIRM_GROUP), None)
+                self._publish(_unconfirmed(self.by_id[pid].confirmation, f"unconfirmed: confirming worker {worker_id} went away"))
+
+    def _published(self, problem: Problem) -> bool:
+        return any(a.problem is problem for a in self.summary.aggregates)
+
+    def _batch_size(self) -> int:
+        """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
+        if len(self.observed) < 3:
+            return 1
+        mean = max(sum(self.observed) / len(self.observed), 1e-6)
+        by_cost = int(self.settings.batch_target_seconds / mean)
+        by_spread = len(self.queue) // (2 * max(1, self.summary.devices))
+        return max(1, min(by_cost, by_spread, self.batch_cap))
+
+    def _submit(self) -> None:
+        while self.queue and len(self.dispatcher.pending) < self.settings.max_in_flight:
+            size = self._batch_size()
+            task, name = self.queue.popleft()
+            batch = [task]
+            while self.queue and len(batch) < size and self.queue[0][1] == name:
+                batch.append(self.queue.popleft()[0])
+            self.dispatcher.submit(batch, name, self.settings.time_limits(self.policy, len(batch)))
+
+    def _on_result(self, result: GroupResult, reused: bool = False) -> None:
+        problem = self.by_id.get(result.problem_id)
+        if problem is None or problem.problem_id in self.waiting or self._published(problem):
+            return
+        if result.group == CONFIRM_GROUP:
+            if self.confirming.pop(problem.problem_id, None) is not None:
+                self._publish(confirm(problem.confirmation, result, self.policy))
+            return
+        if result.group in problem.results or result.run != problem.tasks[0].run:
+            return
+        problem.results[result.group] = result
+        if not reused:
+            self.observed.append(result.trial_seconds)
+        task = next(t for t in problem.tasks if t.group == result.group)
+        self.advance(problem.target.digest, len(task.indices))
+        if problem.done:
+            self._decide(problem)
+
+    def _decide(self, problem: Problem) -> None:
+        agg = aggregate(problem, self.policy, self.run)
+        if agg.record is not None and agg.record.index != 0:
+            helper = self.fleet.confirmer(problem.target, agg.winner_worker)
+            if helper is not None:
+                problem.confirmation = agg
+                self.confirming[problem.problem_id] = helper[0]
+                task = _confirm_task(problem, agg)
+                self.dispatcher.submit([task], helper[1], self.settings.time_limits(self.policy))
+                return
+            agg = _unconfirmed(agg)
+        self._publish(agg)
+
+    def _publish(self, agg: Aggregate) -> None:
+        if agg.record is not None:
+            self.sink.publish(agg.record, agg.problem.target.fingerprint, agg.problem.problem_id,
+                              trial_rows(agg.problem, agg.judged))
+        self.summary.aggregates.append(agg)
+        self.leases.release(agg.problem.problem_id, self.run)
+
+    def _expire(self) -> None:
+        """The run's timeout passed: every missing group is recorded as failed and what can be decided is."""
+        queued = [t for t, _ in self.queue]
+        self.queue.clear()
+        pending = [item[0] for item in self.dispatcher.pending.values()]
+        self.dispatcher.close()
+        for problem in self.waiting.values():
+            self.summary.aggregates.append(Aggregate(problem, None, (), None, None,
+                                                     "held by another coordinator until the timeout", 0.0))
+        self.waiting.clear()
+        for task in [*queued, *pending]:
+            problem = self.by_id[task.problem_id]
+            if self._published(problem):
                 continue
-            for result in results:
-                problem = by_id.get(result.problem_id)
-                if problem is None:
-                    continue
-                if result.group == CONFIRM_GROUP:
-                    if confirming.pop(problem.problem_id, None) is None:
-                        continue  # given up on already
-                    agg = confirm(problem.confirmation, result, catalog.policy)
-                    _publish(agg, sink, summary)
-                    continue
-                if result.group in problem.results:
-                    continue
-                problem.results[result.group] = result
-                observed.append(result.trial_seconds)
-                task = next(t for t in problem.tasks if t.group == result.group)
-                advance(problem.target.digest, len(task.indices))
-                if problem.done:
-                    agg = aggregate(problem, catalog.policy, run)
-                    if agg.record is not None and agg.record.index != 0:
-                        helper = fleet.confirmer(problem.target, agg.winner_worker)
-                        if helper is not None:
-                            problem.confirmation = agg
-                            confirming[problem.problem_id] = helper[0]
-                            dispatcher.submit([_confirm_task(problem, agg)], helper[1], limits)
-                            continue
-                        agg = _unconfirmed(agg)
-                    _publish(agg, sink, summary)
-    summary.wall_seconds = time.monotonic() - started
-    return summary
+            if task.group == CONFIRM_GROUP:
+                self._publish(_unconfirmed(problem.confirmation, "unconfirmed: no confirmation before the timeout"))
+                continue
+            problem.results.setdefault(task.group, GroupResult.failed(task, "no result before the run's timeout"))
+            if problem.done:
+                self._publish(aggregate(problem, self.policy, self.run))
 
 
 def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
@@ -214,30 +339,6 @@ def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of
     meta = dict(r.meta, confirmation=reason)
     return A(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta),
              agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
-
-
-def _publish(agg: Aggregate, sink: Sink, summary: RunSummary) -> None:
-    if agg.record is not None:
-        sink.publish(agg.record, agg.problem.target.fingerprint, agg.problem.problem_id, trial_rows(agg.problem, agg.judged))
-    summary.aggregates.append(agg)
-
-
-def _expire(dispatcher: Dispatcher, queue: deque[Any], by_id: dict[str, Problem], summary: RunSummary,
-            catalog: Catalog, run: str, sink: Sink, advance: Any) -> None:
-    """The run's timeout passed: every missing group is recorded as failed and what can be decided is."""
-    queued = [t for t, _ in queue]
-    queue.clear()
-    pending = list(dispatcher.pending.values()) if isinstance(dispatcher.pending, dict) else []
-    dispatcher.close()
-    for item in [*queued, *pending]:
-        task = item[0] if isinstance(item, tuple) else item
-        problem = by_id[task.problem_id]
-        if task.group == CONFIRM_GROUP:
-            _publish(_unconfirmed(problem.confirmation), sink, summary)
-            continue
-        problem.results.setdefault(task.group, GroupResult.failed(task, "no result before the run's timeout"))
-        if problem.done and not any(a.problem is problem for a in summary.aggregates):
-            _publish(aggregate(problem, catalog.policy, run), sink, summary)
 
 
 @contextmanager

@@ -54,12 +54,9 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
     settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
     with _errors():
         cat = load_catalog(catalog, kernels)
-        if broker:
-            fleet, dispatcher, sink = _celery_parts(settings)
-        else:
-            fleet, dispatcher, sink = _embedded_parts(settings, devices, cache_dir, kernels)
-        summary = run_tune(cat, fleet, dispatcher, sink, settings, run=run_id, force=force,
-                           fingerprint=fingerprint, timeout=timeout)
+        parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
+        summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
+                           timeout=timeout, **parts)
     if as_json:
         rows = [{"operation": a.problem.workload.operation, "spec": a.problem.workload.spec,
                  "fingerprint": a.problem.target.digest, "record": a.record.to_dict() if a.record else None,
@@ -101,11 +98,13 @@ def flower(broker: str, address: str, port: int, basic_auth: str, flower_args: t
         sys.exit(run_flower(broker, address, port, basic_auth, flower_args))
 
 
-def _celery_parts(settings: Settings) -> tuple[Any, Any, Any]:
+def _celery_parts(settings: Settings) -> dict[str, Any]:
+    """The coordinator's parts for a Celery fleet: keyword arguments of ``coordinator.run.tune``."""
     from celery import Celery
 
     from coordinator.dispatch import CeleryDispatcher
     from coordinator.fleet import RedisFleet
+    from coordinator.leases import RedisLeases
     from coordinator.sinks import RedisSink
     from farm.celeryconf import celery_config
     from farm.results import RedisResults
@@ -116,13 +115,19 @@ def _celery_parts(settings: Settings) -> tuple[Any, Any, Any]:
     app = Celery("farm-coordinator", set_as_current=False)
     app.conf.update(celery_config(settings))
     client = connect(settings.redis_url, timeout=10.0)
-    fleet = RedisFleet(client, settings)
-    return fleet, CeleryDispatcher(app, RedisResults(client, settings), settings), RedisSink(
-        RedisDecisions(client=client, settings=settings))
+    results = RedisResults(client, settings)
+    return {
+        "fleet": RedisFleet(client, settings),
+        "dispatcher": CeleryDispatcher(app, results, settings),
+        "sink": RedisSink(RedisDecisions(client=client, settings=settings)),
+        "leases": RedisLeases(client, settings),
+        "results": results,
+    }
 
 
 def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
-                    kernels: tuple[str, ...]) -> tuple[Any, Any, Any]:
+                    kernels: tuple[str, ...]) -> dict[str, Any]:
+    """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
     from coordinator.dispatch import LocalDispatcher
     from coordinator.fleet import LocalFleet
     from coordinator.sinks import DirectorySink
@@ -142,7 +147,7 @@ def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Pat
     def execute(task: GroupTask, queue: str) -> GroupResult:
         return GroupResult.from_dict(run_group(task.to_dict(), fleet.context_for(task, queue)))
 
-    return fleet, LocalDispatcher(execute), DirectorySink(cache_dir)
+    return {"fleet": fleet, "dispatcher": LocalDispatcher(execute), "sink": DirectorySink(cache_dir)}
 
 
 @contextlib.contextmanager

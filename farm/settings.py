@@ -26,6 +26,7 @@ class Settings:
     result_ttl: float = 7 * 86400.0
     max_in_flight: int = 64
     max_batch: int = 16
+    lease_ttl: float = 30.0
     batch_target_seconds: float = 0.25
     soft_limit_floor: float = 10.0
     visibility_timeout: float = 3600.0

@@ -47,7 +47,7 @@ class Fleet:
         wait_worker_ready(worker, self.client(), self.settings.prefix)
         return worker
 
-    def coordinator(self) -> tuple[Any, Any, Any]:
+    def coordinator(self) -> dict[str, Any]:
         from farm.cli import _celery_parts
 
         return _celery_parts(self.settings)

@@ -35,7 +35,7 @@ def two_workers(redis_srv, tmp_path_factory):
 
 def run_catalog(f, catalog, **kw):
     parts = f.coordinator()
-    return tune(load_catalog(catalog, ("farm_testops",)), *parts, f.settings, **kw)
+    return tune(load_catalog(catalog, ("farm_testops",)), settings=f.settings, **parts, **kw)
 
 
 def decision_of(summary, operation, n):

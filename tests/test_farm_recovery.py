@@ -33,7 +33,7 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
 
         def run() -> None:
             try:
-                outcome["summary"] = tune(catalog, *f.coordinator(), f.settings, timeout=150)
+                outcome["summary"] = tune(catalog, settings=f.settings, timeout=150, **f.coordinator())
             except BaseException as e:  # surfaced below
                 outcome["error"] = e
 
