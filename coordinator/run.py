@@ -109,6 +109,7 @@ def tune(
     *,
     leases: Leases | None = None,
     results: Results | None = None,
+    runlog: Any = None,
     run: str | None = None,
     force: bool = False,
     fingerprint: str | None = None,
@@ -122,10 +123,12 @@ def tune(
     lease expires), and group results already stored under a problem's round are reused (resume after a crash).
     """
     from coordinator.leases import LocalLeases
+    from coordinator.runlog import NoRunLog
 
     settings.check_limits(catalog.policy, catalog.path)
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
                  force, console or Console(stderr=True), poll)
+    state.runlog = runlog or NoRunLog()
     return state.execute(fingerprint, timeout)
 
 
@@ -146,6 +149,8 @@ class _Run:
         self.batch_cap = settings.batch_limit(self.policy)
         self.summary = RunSummary(run)
         self.advance: Any = lambda digest, trials: None
+        self.runlog: Any = None
+        self.groups_done = 0
 
     # -- the run ------------------------------------------------------------------------------------------
 
@@ -169,6 +174,7 @@ class _Run:
         self.summary.tasks = sum(len(p.tasks) for p in problems)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
+        self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
         with _progress(self.console, problems) as advance:
             self.advance = advance
             self._claim(problems)
@@ -189,6 +195,7 @@ class _Run:
                     self._expire()
                     break
         self.summary.wall_seconds = time.monotonic() - started
+        self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished")
         return self.summary
 
     def _decided(self, problems: list[Problem]) -> set[str]:
@@ -224,6 +231,7 @@ class _Run:
     def _upkeep(self) -> None:
         """Renew our leases, settle problems others decided, take over problems whose holder died, and give up on
         confirmations whose worker went away."""
+        self.runlog.update(self.run, self.groups_done, self.summary.published)
         ours = [pid for pid, p in self.by_id.items() if pid not in self.waiting and not self._published(p)]
         for pid in self.leases.renew(ours, self.run):
             self.console.log(f"lost the lease of problem {pid}; another coordinator took it over")
@@ -270,6 +278,7 @@ class _Run:
         if result.group in problem.results or result.run != problem.tasks[0].run:
             return
         problem.results[result.group] = result
+        self.groups_done += 1
         if not reused:
             self.observed.append(result.trial_seconds)
         task = next(t for t in problem.tasks if t.group == result.group)

@@ -83,6 +83,33 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
         sys.exit(run_worker(device, Settings.from_env(broker_url=broker, redis_url=redis_url), kernels, loglevel))
 
 
+@main.command()
+@click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", required=True, help="Decisions/results Redis URL.")
+@click.option("--broker", envvar="FARM_BROKER_URL", help="Broker URL (a Redis one adds queue depths).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of tables.")
+def status(redis_url: str, broker: str | None, as_json: bool) -> None:
+    """Workers per fingerprint and their state, queue depths, decisions, and tuning runs with progress."""
+    from rich.console import Console
+
+    from coordinator.status import collect, render
+    from farm.stores.redis import connect
+
+    settings = Settings.from_env(redis_url=redis_url, broker_url=broker)
+    with _errors():
+        try:
+            client = connect(redis_url, timeout=5.0)
+            broker_client = connect(broker, timeout=5.0) if broker and broker.startswith("redis") else None
+            data = collect(client, settings, broker_client)
+        except Exception as e:  # redis-py's connection errors share no base class with OSError
+            if type(e).__module__.startswith("redis") or isinstance(e, OSError):
+                raise FarmError(f"cannot reach Redis: {e}") from e
+            raise
+    if as_json:
+        click.echo(json.dumps(data, indent=1, sort_keys=True))
+    else:
+        Console(width=None if sys.stdout.isatty() else 160).print(render(data))
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--broker", envvar="FARM_BROKER_URL", required=True, help="The farm's Celery broker URL.")
 @click.option("--address", default="127.0.0.1", show_default=True)
@@ -105,6 +132,7 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
     from coordinator.dispatch import CeleryDispatcher
     from coordinator.fleet import RedisFleet
     from coordinator.leases import RedisLeases
+    from coordinator.runlog import RedisRunLog
     from coordinator.sinks import RedisSink
     from farm.celeryconf import celery_config
     from farm.results import RedisResults
@@ -122,6 +150,7 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
         "sink": RedisSink(RedisDecisions(client=client, settings=settings)),
         "leases": RedisLeases(client, settings),
         "results": results,
+        "runlog": RedisRunLog(client, settings),
     }
 
 

@@ -136,3 +136,16 @@ workloads = [{ n = 300, dtype = "float64" }]
     (agg,) = summary.aggregates
     assert "gave up after 3 attempts" in notes(agg)["kills_its_worker"]
     assert agg.record.name == "vectorized"
+
+
+def test_status_shows_both_workers_healthy_and_the_finished_run(two_workers, tmp_path):
+    from coordinator.status import collect
+
+    summary = run_catalog(two_workers, write_catalog(tmp_path / "c.toml", SCALE), force=True)
+    status = collect(two_workers.client(), two_workers.settings, two_workers.redis.client(0))
+    assert sorted(w["device"] for w in status["workers"]) == ["cpu:0", "cpu:1"]
+    assert {w["state"] for w in status["workers"]} <= {"healthy", "busy"}
+    (fp,) = status["fingerprints"]
+    assert fp["decisions"] >= 2 and fp["queued"] == 0
+    run = next(r for r in status["runs"] if r["run"] == summary.run)
+    assert run["state"] == "finished" and run["done"] == run["groups"] == str(summary.tasks)

@@ -1,0 +1,80 @@
+"""`farm status`: the fleet at a glance: workers per fingerprint and their state, queue depths, decisions per
+fingerprint, and tuning runs with their progress."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from coordinator.runlog import FINISHED, RedisRunLog
+from farm import presence
+from farm.settings import Settings
+
+STALE_RUN_SECONDS = 30.0
+
+
+def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[str, Any]:
+    """The status as JSON-able data. ``broker`` (a redis client of the broker) adds queue depths."""
+    now = time.time()
+    workers = presence.live_workers(client, settings)
+    texts = client.hgetall(settings.fingerprints_key)
+    digests = sorted(set(texts) | {w.fingerprint for w in workers})
+    fingerprints = []
+    for digest in digests:
+        mine = [w for w in workers if w.fingerprint == digest]
+        states: dict[str, int] = {}
+        for w in mine:
+            state = w.effective_state(settings, now)
+            states[state] = states.get(state, 0) + 1
+        queue = settings.fingerprint_queue(digest)
+        fingerprints.append({
+            "digest": digest,
+            "fingerprint": texts.get(digest, ""),
+            "models": sorted({w.model for w in mine}),
+            "workers": states,
+            "queue": queue,
+            "queued": int(broker.llen(queue)) if broker is not None else None,
+            "decisions": int(client.hlen(settings.decisions_key(digest))),
+        })
+    runs = []
+    for run in RedisRunLog(client, settings).runs():
+        state = run.get("state", "?")
+        if state != FINISHED and now - float(run.get("updated", 0)) > STALE_RUN_SECONDS:
+            state = "stale"
+        runs.append({**run, "state": state})
+    return {
+        "workers": [
+            {**w.to_fields(), "state": w.effective_state(settings, now), "heartbeat_age": round(now - w.updated, 1),
+             "queued": int(broker.llen(w.queue)) if broker is not None else None}
+            for w in workers
+        ],
+        "fingerprints": fingerprints,
+        "runs": runs,
+    }
+
+
+def render(status: dict[str, Any]) -> Group:
+    """Human tables for :func:`collect`'s data."""
+    fps = Table(title="fingerprints")
+    for column in ("digest", "model", "workers", "queued", "decisions"):
+        fps.add_column(column)
+    for f in status["fingerprints"]:
+        online = ", ".join(f"{n} {state}" for state, n in sorted(f["workers"].items())) or "none online"
+        fps.add_row(f["digest"], ", ".join(f["models"]) or "-", online,
+                    "-" if f["queued"] is None else str(f["queued"]), str(f["decisions"]))
+    workers = Table(title="workers")
+    for column in ("worker", "device", "model", "fingerprint", "state", "heartbeat", "version"):
+        workers.add_column(column)
+    for w in status["workers"]:
+        workers.add_row(w["worker_id"], w["device"], w["model"], w["fingerprint"][:8], w["state"],
+                        f"{w['heartbeat_age']}s ago", w["farm_version"])
+    runs = Table(title="tuning runs")
+    for column in ("run", "catalog", "host", "state", "groups done", "published"):
+        runs.add_column(column)
+    for r in status["runs"]:
+        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"],
+                     f"{r.get('done', 0)}/{r.get('groups', 0)}", str(r.get("published", 0)))
+    return Group(fps, workers, runs)
