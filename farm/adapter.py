@@ -33,9 +33,11 @@ def enable_stack_autotune(
     policy: StackPolicy,
     cache_directory: Path | str | None = None,
     memory_eviction: MemoryEviction = MemoryEviction.FIFO,
-    fleet: Sequence[DecisionStore] = (),
+    fleet: Sequence[DecisionStore | str | Path] = (),
 ) -> StackTuner:
-    """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT."""
+    """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT.
+
+    ``fleet``: read-only tiers after the disk (stores, Redis URLs, archive directories; see StackTuner)."""
     global _global
     with _global_lock:
         if _global is not None:

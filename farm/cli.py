@@ -110,6 +110,19 @@ def status(redis_url: str, broker: str | None, as_json: bool) -> None:
         Console(width=None if sys.stdout.isatty() else 160).print(render(data))
 
 
+@main.command()
+@click.option("--archive", "archive", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="An archive directory (one <digest>/ folder or a folder of them).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
+def report(archive: Path, out: Path) -> None:
+    """Write a self-contained HTML report of an archive's decisions: why each kernel won."""
+    from coordinator.report import write_report
+
+    with _errors():
+        count = write_report(archive, out)
+    click.echo(f"{count} problems written to {out}")
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--broker", envvar="FARM_BROKER_URL", required=True, help="The farm's Celery broker URL.")
 @click.option("--address", default="127.0.0.1", show_default=True)

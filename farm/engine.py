@@ -157,6 +157,19 @@ class Request(NamedTuple):
     lane: str
 
 
+def fleet_source(source: DecisionStore | str | Path) -> DecisionStore:
+    """A fleet tier from a store, a Redis URL or an archive directory (Redis and pyarrow load lazily)."""
+    if isinstance(source, str) and source.split("://", 1)[0] in ("redis", "rediss", "unix"):
+        from farm.stores.redis import RedisDecisions
+
+        return RedisDecisions(source)
+    if isinstance(source, (str, Path)):
+        from farm.stores.archive import ArchiveStore
+
+        return ArchiveStore(Path(source))
+    return source
+
+
 _STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
 
 
@@ -164,7 +177,8 @@ class StackTuner:
     """Thread-safe controller. No lock is held while a trial runs: contenders get the reference at once (BUSY).
 
     ``cache_directory`` enables the disk tier (persistent problems only); ``fleet`` adds read-only stores
-    consulted after the disk, whose records are validated once in this process before reuse.
+    consulted after the disk, whose records are validated once in this process before reuse: a store, a Redis
+    URL (``redis://user:password@host/0``, ideally a read-only user) or an archive directory.
     """
 
     def __init__(
@@ -172,7 +186,7 @@ class StackTuner:
         policy: StackPolicy,
         cache_directory: Path | str | None = None,
         memory_eviction: MemoryEviction = MemoryEviction.FIFO,
-        fleet: Sequence[DecisionStore] = (),
+        fleet: Sequence[DecisionStore | str | Path] = (),
     ) -> None:
         if not isinstance(policy, StackPolicy):
             raise TuneFailure.invalid(f"policy must be a StackPolicy, got {type(policy).__name__}")
@@ -183,7 +197,7 @@ class StackTuner:
         self._lock = threading.Lock()
         self._memory = MemoryStore(policy.capacity, memory_eviction)
         self._disk = DiskStore(cache_directory, policy.capacity) if cache_directory is not None else None
-        self._fleet = tuple(fleet)
+        self._fleet = tuple(fleet_source(f) for f in fleet)
         self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()

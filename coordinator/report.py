@@ -1,0 +1,179 @@
+"""`farm report`: one self-contained HTML file explaining the decisions of an archive.
+
+Per fingerprint: problems, winners by candidate, median speedup over the reference. Per problem: each candidate's
+paired ratios (candidate/reference per pair) as points with the median, the noise band (median +- relative MAD)
+and the min_speedup line, the verdict, and why the others lost. The page embeds its data as JSON and draws the
+plots on demand, so it stays fast with thousands of problems (search, filters, paging); it needs no network.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from farm.atomicfile import write_atomic
+
+
+def load(archive: Path) -> list[dict[str, Any]]:
+    """Every fingerprint of an archive directory (one ``<digest>/`` folder or a folder of them), verified."""
+    from farm.stores.archive import archive_folders, read_archive
+
+    return [_fingerprint(read_archive(folder)) for folder in archive_folders(archive)]
+
+
+def _fingerprint(archive: Any) -> dict[str, Any]:
+    problems = []
+    min_speedup = 1.05
+    for entry in archive.entries.values():
+        record = entry.record
+        meta = dict(record.meta)
+        min_speedup = _min_speedup(str(meta.get("accuracy_key") or ""), min_speedup)
+        candidates: dict[str, dict[str, Any]] = {}
+        for c in meta.get("candidates", []):
+            candidates[c["name"]] = {"name": c["name"], "ratio": c.get("ratio"), "mad": c.get("relative_mad"),
+                                     "verified": c.get("verified"), "note": c.get("note", ""), "ratios": []}
+        for row in entry.trials:
+            name = row.get("candidate")
+            if row.get("role") != "candidate" or name is None:
+                continue
+            found = candidates.setdefault(name, {"name": name, "ratio": None, "mad": None, "verified": None,
+                                                 "note": row.get("note") or "", "ratios": []})
+            if row.get("reference_seconds") and row.get("candidate_seconds"):
+                found["ratios"].append(row["candidate_seconds"] / row["reference_seconds"])
+        problems.append({
+            "operation": str(meta.get("operation", "")),
+            "workload": _label(meta.get("spec") or {}),
+            "winner": record.name,
+            "reference": str(meta.get("reference", "")),
+            "ratio": record.ratio,
+            "verified": record.verified,
+            "confirmation": str(meta.get("confirmation") or ""),
+            "candidates": list(candidates.values()),
+        })
+    problems.sort(key=lambda p: (p["operation"], p["workload"]))
+    speedups = [1.0 / p["ratio"] for p in problems if p["ratio"] > 0]
+    return {
+        "digest": archive.digest,
+        "fingerprint": archive.fingerprint,
+        "problems": problems,
+        "winners": Counter(p["winner"] for p in problems).most_common(),
+        "median_speedup": statistics.median(speedups) if speedups else 1.0,
+        "min_speedup": min_speedup,
+    }
+
+
+def _label(spec: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in spec.items() if k != "seed")
+
+
+def _min_speedup(accuracy_key: str, default: float) -> float:
+    """The policy's min_speedup, read back from a record's accuracy key."""
+    from farm.identity import split_fields
+
+    try:
+        for part in split_fields(accuracy_key):
+            if part.startswith("min_speedup="):
+                return float(part.split("=", 1)[1])
+    except ValueError:
+        pass
+    return default
+
+
+def render(fingerprints: list[dict[str, Any]], title: str) -> str:
+    data = json.dumps(fingerprints, separators=(",", ":")).replace("</", "<\\/")
+    return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
+
+
+def write_report(archive: Path, out: Path) -> int:
+    """Render the report of ``archive`` to ``out`` atomically; return the number of problems."""
+    fingerprints = load(archive)
+    write_atomic(out, render(fingerprints, f"Tuning report: {archive}").encode())
+    return sum(len(f["problems"]) for f in fingerprints)
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;background:#fafafa}
+h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.5em}
+table{border-collapse:collapse;width:100%;background:#fff} th,td{padding:4px 8px;border-bottom:1px solid #e3e3e3;text-align:left}
+th{background:#f0f0f0;position:sticky;top:0} tr.p{cursor:pointer} tr.p:hover{background:#f5f8ff}
+.num{text-align:right;font-variant-numeric:tabular-nums} .ref{color:#666} .win{color:#0a6d2c;font-weight:600}
+.summary{display:flex;gap:2em;flex-wrap:wrap} .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.6em 1em}
+.controls{margin:1em 0;display:flex;gap:1em;flex-wrap:wrap;align-items:center}
+input,select{font:inherit;padding:3px 6px} .detail td{background:#fcfcfc} .note{color:#555;font-size:.92em}
+.muted{color:#888} code{font-size:.85em;word-break:break-all}
+</style></head><body>
+<h1>__TITLE__</h1>
+<div id="fps"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+"use strict";
+const FPS = JSON.parse(document.getElementById("data").textContent);
+const PAGE = 200;
+function esc(s){return String(s).replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;"}[c]));}
+function fmt(x,d){return (x===null||x===undefined)?"-":Number(x).toFixed(d===undefined?3:d);}
+function median(a){if(!a.length)return null;const s=[...a].sort((x,y)=>x-y),m=s.length>>1;return s.length%2?s[m]:(s[m-1]+s[m])/2;}
+function plot(p,minSpeedup){
+  const W=640,row=26,left=190,right=20,top=22,H=top+row*Math.max(1,p.candidates.length)+26;
+  const all=[1,1/minSpeedup];p.candidates.forEach(c=>c.ratios.forEach(r=>all.push(r)));
+  let lo=Math.min(...all),hi=Math.max(...all);const pad=(hi-lo)*0.08||0.1;lo=Math.max(0,lo-pad);hi=hi+pad;
+  const x=v=>left+(v-lo)/(hi-lo)*(W-left-right);
+  let s=`<svg width="${W}" height="${H}" role="img" aria-label="paired ratios">`;
+  s+=`<line x1="${x(1)}" y1="${top-8}" x2="${x(1)}" y2="${H-20}" stroke="#999" stroke-dasharray="4 3"/><text x="${x(1)+3}" y="${top-10}" font-size="10" fill="#666">reference 1.0</text>`;
+  s+=`<line x1="${x(1/minSpeedup)}" y1="${top-8}" x2="${x(1/minSpeedup)}" y2="${H-20}" stroke="#c60" stroke-dasharray="2 2"/><text x="${x(1/minSpeedup)-3}" y="${H-8}" font-size="10" fill="#c60" text-anchor="end">1/min_speedup ${fmt(1/minSpeedup)}</text>`;
+  p.candidates.forEach((c,i)=>{
+    const y=top+i*row+row/2, m=c.ratio!==null?c.ratio:median(c.ratios);
+    const col=c.name===p.winner?"#0a6d2c":(c.note.startsWith("rejected")||c.note.startsWith("skipped")?"#b00":"#336");
+    s+=`<text x="${left-8}" y="${y+4}" font-size="11" text-anchor="end" fill="${col}">${esc(c.name)}</text>`;
+    if(m!==null&&c.mad!==null&&c.mad!==undefined){const a=x(Math.max(lo,m*(1-c.mad))),b=x(Math.min(hi,m*(1+c.mad)));s+=`<rect x="${a}" y="${y-7}" width="${Math.max(1,b-a)}" height="14" fill="${col}" opacity="0.13"/>`;}
+    c.ratios.forEach(r=>{s+=`<circle cx="${x(r)}" cy="${y}" r="3" fill="${col}" opacity="0.7"/>`;});
+    if(m!==null)s+=`<line x1="${x(m)}" y1="${y-9}" x2="${x(m)}" y2="${y+9}" stroke="${col}" stroke-width="2"/>`;
+    if(!c.ratios.length)s+=`<text x="${left+4}" y="${y+4}" font-size="10" fill="#b00">no timings</text>`;
+  });
+  return s+"</svg>";
+}
+function detail(p,minSpeedup){
+  let t=`<div>${plot(p,minSpeedup)}</div><table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
+  p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
+  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}</p>`;
+}
+FPS.forEach((fp,fi)=>{
+  const root=document.createElement("section");
+  const ops=[...new Set(fp.problems.map(p=>p.operation))].sort();
+  root.innerHTML=`<h2>Fingerprint ${esc(fp.digest)}</h2><p class="muted"><code>${esc(fp.fingerprint)}</code></p>
+  <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
+  <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
+  <div class="card">winners by candidate:<br>${fp.winners.map(w=>`${esc(w[0])}: ${w[1]}`).join("<br>")}</div></div>
+  <div class="controls"><input type="search" placeholder="search operation, workload, winner" size="40" data-role="q">
+  <select data-role="op"><option value="">every operation</option>${ops.map(o=>`<option>${esc(o)}</option>`).join("")}</select>
+  <select data-role="v"><option value="">every verdict</option><option value="won">a candidate won</option><option value="ref">the reference kept</option></select>
+  <span data-role="count" class="muted"></span> <button data-role="more">show more</button></div>
+  <table><thead><tr><th>operation</th><th>workload</th><th>winner</th><th class="num">ratio</th><th>verified</th><th class="num">candidates</th></tr></thead><tbody></tbody></table>`;
+  document.getElementById("fps").appendChild(root);
+  const q=root.querySelector("[data-role=q]"),op=root.querySelector("[data-role=op]"),v=root.querySelector("[data-role=v]");
+  const body=root.querySelector("tbody"),count=root.querySelector("[data-role=count]"),more=root.querySelector("[data-role=more]");
+  let shown=PAGE;
+  function draw(){
+    const needle=q.value.toLowerCase();
+    const rows=fp.problems.filter(p=>(!op.value||p.operation===op.value)&&(!v.value||(v.value==="ref")===(p.winner===p.reference))
+      &&(!needle||(p.operation+" "+p.workload+" "+p.winner).toLowerCase().includes(needle)));
+    count.textContent=`${Math.min(shown,rows.length)} of ${rows.length} shown`;more.hidden=rows.length<=shown;
+    body.innerHTML=rows.slice(0,shown).map((p,i)=>`<tr class="p" data-i="${fp.problems.indexOf(p)}"><td>${esc(p.operation)}</td><td>${esc(p.workload)}</td><td class="${p.winner===p.reference?"ref":"win"}">${esc(p.winner)}</td><td class="num">${fmt(p.ratio)}</td><td>${p.verified?"yes":"no"}</td><td class="num">${p.candidates.length}</td></tr>`).join("");
+  }
+  body.addEventListener("click",e=>{const tr=e.target.closest("tr.p");if(!tr)return;
+    if(tr.nextSibling&&tr.nextSibling.classList&&tr.nextSibling.classList.contains("detail")){tr.nextSibling.remove();return;}
+    const d=document.createElement("tr");d.className="detail";d.innerHTML=`<td colspan="6">${detail(fp.problems[+tr.dataset.i],fp.min_speedup)}</td>`;tr.after(d);});
+  [q,op,v].forEach(el=>el.addEventListener("input",()=>{shown=PAGE;draw();}));
+  more.addEventListener("click",()=>{shown+=PAGE;draw();});
+  draw();
+});
+</script>
+<noscript><p>This report draws its tables with JavaScript; the data is embedded in the page source.</p></noscript>
+</body></html>
+"""
