@@ -104,7 +104,7 @@ h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.5em}
 table{border-collapse:collapse;width:100%;background:#fff} th,td{padding:4px 8px;border-bottom:1px solid #e3e3e3;text-align:left}
 th{background:#f0f0f0;position:sticky;top:0} tr.p{cursor:pointer} tr.p:hover{background:#f5f8ff}
 .num{text-align:right;font-variant-numeric:tabular-nums} .ref{color:#666} .win{color:#0a6d2c;font-weight:600}
-.summary{display:flex;gap:2em;flex-wrap:wrap} .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.6em 1em}
+.summary{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start} .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.6em 1em}
 .controls{margin:1em 0;display:flex;gap:1em;flex-wrap:wrap;align-items:center}
 input,select{font:inherit;padding:3px 6px} .detail td{background:#fcfcfc} .note{color:#555;font-size:.92em}
 .muted{color:#888} code{font-size:.85em;word-break:break-all}
@@ -122,11 +122,12 @@ function median(a){if(!a.length)return null;const s=[...a].sort((x,y)=>x-y),m=s.
 function plot(p,minSpeedup){
   const W=640,row=26,left=190,right=20,top=22,H=top+row*Math.max(1,p.candidates.length)+26;
   const all=[1,1/minSpeedup];p.candidates.forEach(c=>c.ratios.forEach(r=>all.push(r)));
-  let lo=Math.min(...all),hi=Math.max(...all);const pad=(hi-lo)*0.08||0.1;lo=Math.max(0,lo-pad);hi=hi+pad;
-  const x=v=>left+(v-lo)/(hi-lo)*(W-left-right);
+  // A log axis: ratios 0.5 and 2 sit at the same distance from the reference, and outliers do not squash the rest.
+  let lo=Math.log(Math.min(...all)),hi=Math.log(Math.max(...all));const pad=(hi-lo)*0.08||0.05;lo-=pad;hi+=pad;
+  const x=v=>left+(Math.log(Math.max(v,1e-12))-lo)/(hi-lo)*(W-left-right);
   let s=`<svg width="${W}" height="${H}" role="img" aria-label="paired ratios">`;
   s+=`<line x1="${x(1)}" y1="${top-8}" x2="${x(1)}" y2="${H-20}" stroke="#999" stroke-dasharray="4 3"/><text x="${x(1)+3}" y="${top-10}" font-size="10" fill="#666">reference 1.0</text>`;
-  s+=`<line x1="${x(1/minSpeedup)}" y1="${top-8}" x2="${x(1/minSpeedup)}" y2="${H-20}" stroke="#c60" stroke-dasharray="2 2"/><text x="${x(1/minSpeedup)-3}" y="${H-8}" font-size="10" fill="#c60" text-anchor="end">1/min_speedup ${fmt(1/minSpeedup)}</text>`;
+  s+=`<line x1="${x(1/minSpeedup)}" y1="${top-8}" x2="${x(1/minSpeedup)}" y2="${H-20}" stroke="#c60" stroke-dasharray="2 2"/><text x="${x(1/minSpeedup)-3}" y="${top-10}" font-size="10" fill="#c60" text-anchor="end">1/min_speedup ${fmt(1/minSpeedup)}</text>`;
   p.candidates.forEach((c,i)=>{
     const y=top+i*row+row/2, m=c.ratio!==null?c.ratio:median(c.ratios);
     const col=c.name===p.winner?"#0a6d2c":(c.note.startsWith("rejected")||c.note.startsWith("skipped")?"#b00":"#336");
@@ -136,6 +137,8 @@ function plot(p,minSpeedup){
     if(m!==null)s+=`<line x1="${x(m)}" y1="${y-9}" x2="${x(m)}" y2="${y+9}" stroke="${col}" stroke-width="2"/>`;
     if(!c.ratios.length)s+=`<text x="${left+4}" y="${y+4}" font-size="10" fill="#b00">no timings</text>`;
   });
+  [0.25,0.5,0.75,1.5,2,4].filter(t=>Math.log(t)>lo&&Math.log(t)<hi).forEach(t=>{
+    s+=`<text x="${x(t)}" y="${H-8}" font-size="9" fill="#999" text-anchor="middle">${t}</text>`;});
   return s+"</svg>";
 }
 function detail(p,minSpeedup){
@@ -172,6 +175,7 @@ FPS.forEach((fp,fi)=>{
   [q,op,v].forEach(el=>el.addEventListener("input",()=>{shown=PAGE;draw();}));
   more.addEventListener("click",()=>{shown+=PAGE;draw();});
   draw();
+  if(location.hash==="#expand"){const first=body.querySelector("tr.p");if(first)first.click();}
 });
 </script>
 <noscript><p>This report draws its tables with JavaScript; the data is embedded in the page source.</p></noscript>
