@@ -61,7 +61,8 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.conf.update(celery_config(settings))
     app.conf.farm_settings = settings
 
-    @app.task(name=GROUP_TASK, bind=True)
+    # shared=False: each app keeps its own tasks (a second create_app() must not reuse the first one's settings).
+    @app.task(name=GROUP_TASK, bind=True, shared=False)
     def run_groups_task(self: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         try:
             return run_groups(messages, worker_context(settings))
@@ -69,7 +70,7 @@ def create_app(settings: Settings | None = None) -> Celery:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
             raise Reject(f"device quarantined: {e}", requeue=True) from e
 
-    @app.task(name=PING_TASK)
+    @app.task(name=PING_TASK, shared=False)
     def ping() -> dict[str, Any]:
         """A no-op round trip through the broker and the worker (health checks, the overhead benchmark)."""
         return {"pong": os.environ.get(WORKER_ID_VARIABLE, ""), "pid": os.getpid()}

@@ -31,11 +31,19 @@ def field_for(cache_key: str) -> str:
     return hashlib.sha256(cache_key.encode()).hexdigest()
 
 
-def connect(url: str, timeout: float = 2.0) -> Any:
-    """A redis-py client for ``url`` with bounded socket timeouts (imported lazily: the core stays light)."""
+def connect(url: str, timeout: float = 2.0, retries: bool = True) -> Any:
+    """A redis-py client for ``url`` with bounded socket timeouts (imported lazily: the core stays light).
+    ``retries=False`` for the runtime's read path: one failed attempt, then the store's own back-off."""
     import redis
 
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout)
+    options: dict[str, Any] = {}
+    if not retries:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        options = {"retry": Retry(NoBackoff(), 0), "retry_on_error": []}
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                **options)
 
 
 class RedisDecisions:
@@ -52,9 +60,9 @@ class RedisDecisions:
         if client is None:
             if url is None:
                 raise ValueError("RedisDecisions needs a url or a client")
-            client = connect(url, timeout)
+            client = connect(url, timeout, retries=False)
         self.client = client
-        self.settings = settings or Settings()
+        self.settings = settings or Settings.from_env()
         self._backoff_initial = backoff
         self._backoff = backoff
         self._down_until = 0.0

@@ -1,0 +1,201 @@
+"""`farm flower` for real: Flower on a free loopback port against the private redis-server and a real `farm worker`.
+
+Without credentials the dashboard and the API answer 401; with them the API lists the worker, and a finished
+trial task (``farm.run_groups``, sent by the coordinator) appears with its name and state.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from farm_helpers import Fleet, fleet, write_catalog
+from servers import free_port, wait_for
+
+from farm.errors import ConfigError
+from workers.flower import check_basic_auth, flower_argv, run_flower
+
+USER, PASSWORD = "operator", "s3cret-flower-pass"
+SCALE = """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 200, dtype = "float64" }]
+"""
+
+
+@dataclass
+class Flower:
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str, auth: tuple[str, str] | None = (USER, PASSWORD), method: str = "GET") -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            headers = {}
+            if auth is not None:
+                headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+            connection.request(method, path, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def json(self, path: str) -> Any:
+        status, body = self.get(path)
+        assert status == 200, (path, status, body[:500])
+        return json.loads(body)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def flower_process(f: Fleet, directory: Path) -> Iterator[Flower]:
+    port = free_port()
+    log = directory / "flower.log"
+    args = [sys.executable, "-m", "farm.cli", "flower", "--broker", f.broker, "--address", "127.0.0.1",
+            "--port", str(port), "--basic-auth", f"{USER}:{PASSWORD}"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=f.env, cwd=directory,
+                                   start_new_session=True)
+    flower = Flower(port, process, log)
+    try:
+        def answers() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"farm flower exited with {process.returncode}:\n{flower.output()[-4000:]}")
+            try:
+                return flower.get("/healthcheck", auth=None)[0] == 200
+            except OSError:
+                return False
+
+        wait_for(answers, 60, "Flower to answer on its port")
+        yield flower
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def farm_with_flower(redis_srv, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("flower")
+    with fleet(redis_srv, directory, ("cpu:0",)) as f, flower_process(f, directory) as flower:
+        yield f, flower
+
+
+def nodename(f: Fleet) -> str:
+    client = f.client()
+    try:
+        (key,) = list(client.scan_iter(match=f"{f.settings.prefix}:worker:*"))
+        return str(client.hget(key, "hostname"))
+    finally:
+        client.close()
+
+
+# -------------------------------------------------------------------------------------- without a server
+
+
+@pytest.mark.parametrize("value", ["", "   ", "operator", ":pw", "operator:", "a:b,", "a:b,,c:d", " a:b", "a b:c"])
+def test_an_empty_or_malformed_basic_auth_is_refused_naming_the_variable_and_never_the_password(value):
+    with pytest.raises(ConfigError) as refused:
+        run_flower("redis://127.0.0.1:1/0", "127.0.0.1", 5555, value, ())
+    message = str(refused.value)
+    assert "FARM_FLOWER_BASIC_AUTH" in message and "--basic-auth" in message
+    for secret in ("pw", ":b", "c:d"):
+        if secret in value:
+            assert secret not in message
+
+
+def test_well_formed_credentials_are_accepted_one_or_several():
+    assert check_basic_auth("operator:pw") == ["operator:pw"]
+    assert check_basic_auth("a:x:y,b:z") == ["a:x:y", "b:z"]  # a password may hold a colon
+    assert flower_argv("0.0.0.0", 5555, "a:x", ["--url-prefix=flower"]) == [
+        "flower", "--address=0.0.0.0", "--port=5555", "--basic-auth=a:x", "--url-prefix=flower"]
+
+
+@pytest.mark.parametrize("option", ["--basic-auth=x:y", "--basic_auth=x:y", "--auth=.*@example.com"])
+def test_flower_options_cannot_replace_the_credentials(option):
+    with pytest.raises(ConfigError, match="only through --basic-auth / FARM_FLOWER_BASIC_AUTH"):
+        flower_argv("127.0.0.1", 5555, "a:x", [option])
+
+
+def test_farm_flower_without_credentials_exits_with_an_error_before_starting():
+    from farm.cli import main
+
+    env = {"FARM_FLOWER_BASIC_AUTH": ""}
+    missing = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0"], env=env)
+    assert missing.exit_code == 2 and "--basic-auth" in missing.output
+    malformed = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0", "--basic-auth", "nopass"])
+    assert malformed.exit_code == 2
+    assert "farm: error:" in malformed.output and "FARM_FLOWER_BASIC_AUTH" in malformed.output
+
+
+# ------------------------------------------------------------------------------------------- with servers
+
+
+@pytest.mark.servers
+def test_flower_answers_401_to_the_dashboard_and_the_api_without_valid_credentials(farm_with_flower):
+    f, flower = farm_with_flower
+    worker = nodename(f)
+    for path in ("/", "/workers", "/tasks", "/broker", "/api/workers", "/api/tasks", "/api/task/types"):
+        for auth in (None, (USER, "wrong-password"), ("intruder", PASSWORD)):
+            status, _ = flower.get(path, auth=auth)
+            assert status == 401, (path, auth, status)
+    # No control action either: the worker is still there afterwards.
+    status, _ = flower.get(f"/api/worker/shutdown/{worker}", auth=None, method="POST")
+    assert status == 401
+    assert f.workers[0].process.poll() is None
+    assert flower.get("/", auth=(USER, PASSWORD))[0] == 200
+
+
+@pytest.mark.servers
+def test_flower_lists_the_worker_with_credentials(farm_with_flower):
+    f, flower = farm_with_flower
+    worker = nodename(f)
+    listed = wait_for(lambda: worker in flower.json("/api/workers?refresh=1"), 30, "/api/workers to list the worker")
+    assert listed
+    workers = flower.json("/api/workers")
+    queues = {q["name"] for q in workers[worker]["active_queues"]}
+    assert any(q.startswith("farm.fp.") for q in queues) and any(q.startswith("farm.worker.") for q in queues)
+    assert "farm.run_groups" in workers[worker]["registered"]
+
+
+@pytest.mark.servers
+def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_with_flower, tmp_path):
+    from coordinator.catalog import load_catalog
+    from coordinator.run import tune
+
+    f, flower = farm_with_flower
+    worker = nodename(f)
+    # Flower has the worker's heartbeat events, so its event receiver is subscribed before the task is sent.
+    wait_for(lambda: flower.json("/api/workers?status=1").get(worker), 30, "Flower to receive the worker's events")
+
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", SCALE), ("farm_testops",))
+    summary = tune(catalog, settings=f.settings, **f.coordinator())
+    assert summary.published == 1
+
+    def finished() -> list[dict[str, Any]]:
+        tasks = flower.json("/api/tasks")
+        return [t for t in tasks.values() if t.get("name") == "farm.run_groups" and t.get("state") == "SUCCESS"]
+
+    tasks = wait_for(finished, 30, "the trial task to appear in /api/tasks as SUCCESS")
+    assert all(t["worker"] == worker for t in tasks)
+    assert flower.json("/api/task/types")["task-types"] == ["farm.run_groups"]
