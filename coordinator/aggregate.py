@@ -13,7 +13,7 @@ from farm.policy import StackPolicy
 from farm.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 from farm.scoring import judge
 from farm.stores.base import DecisionRecord
-from farm.trials import Judged, Outcome, decide
+from farm.trials import CandidateReport, Outcome, decide
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
 META_FIELDS = (
@@ -30,7 +30,7 @@ class Aggregate:
 
     problem: Problem
     record: DecisionRecord | None
-    judged: tuple[Judged, ...]
+    judged: tuple[CandidateReport, ...]
     winner: str | None
     ratio: float | None
     error: str | None
@@ -107,7 +107,7 @@ TRIAL_FIELDS = (
 )
 
 
-def trial_rows(problem: Problem, judged: tuple[Judged, ...] = ()) -> list[dict[str, Any]]:
+def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> list[dict[str, Any]]:
     """Every timing pair and verdict behind a problem's decision, with provenance: one row per pair (a
     candidate that produced none gets one row with ``pair`` None); the reference's own samples have role
     "reference". Confirmation trials have role "confirmation"."""

@@ -26,11 +26,12 @@ from typing import NamedTuple, Protocol
 from farm.errors import FailureKind, TuneFailure
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
-from farm.scoring import Pair, valid_seconds
+from farm.scoring import valid_seconds
 from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
 from farm.trials import (
+    CandidateReport,
     Outcome,
     ValidationUnavailable,
     candidate_trials,
@@ -100,19 +101,6 @@ class Stats:
     cache_warnings: int = 0
     invalidations: int = 0
     device_failures: int = 0
-
-
-@dataclass(frozen=True)
-class CandidateReport:
-    """How one candidate fared in a search. ``samples`` counts timing pairs (reference: its own samples)."""
-
-    name: str
-    samples: int
-    ratio: float | None
-    relative_mad: float | None
-    verified: bool
-    note: str
-    pairs: tuple[Pair, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -412,10 +400,11 @@ class StackTuner:
             outcomes.append(outcome)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
-        reports = {j.index: CandidateReport(j.name, j.samples, j.ratio, j.relative_mad, j.verified, j.note, j.pairs) for j in judged}
-        reports.update({i: CandidateReport(names[i], 0, None, None, False, note) for i, note in skipped.items()})
+        reports = {j.index: j for j in judged}
+        reports.update({i: CandidateReport(names[i], 0, None, None, False, note, index=i) for i, note in skipped.items()})
         ref_note = "selected: reference" if winner == ref else "reference"
-        reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True, ref_note)
+        reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
+                                       ref_note, index=ref)
         record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time())
         self._store(req, record)
         report = TuneReport(

@@ -9,10 +9,11 @@ controller (``engine``) and the farm (a worker runs the trials of one group, the
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from farm.errors import FailureKind, TuneFailure
@@ -70,17 +71,19 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Judged:
-    """An outcome after the selection rule: its ratio (if scored), noise, and the note for the report."""
+class CandidateReport:
+    """How one candidate fared in a search: ``samples`` timing pairs (the reference: its own samples), the
+    median ratio and relative MAD when scored, whether its output was verified, and the note saying why it won,
+    lost or was skipped. ``index`` is its position in the candidate list."""
 
-    index: int
     name: str
     samples: int
     ratio: float | None
     relative_mad: float | None
     verified: bool
     note: str
-    pairs: tuple[Pair, ...] = field(default=())
+    pairs: tuple[Pair, ...] = ()
+    index: int = -1
 
 
 def seconds(value: float, name: str) -> float:
@@ -179,19 +182,21 @@ def reference_noise(times: Sequence[float]) -> float:
 
 def decide(
     reference: int, names: Sequence[str], outcomes: Sequence[Outcome], policy: StackPolicy
-) -> tuple[Selection, list[Judged]]:
+) -> tuple[Selection, list[CandidateReport]]:
     """Apply the selection rule to outcomes in plan order; return the winner and a judged entry per outcome."""
     selection = Selection(reference, policy)
-    judged: list[Judged] = []
+    judged: list[CandidateReport] = []
     for outcome in outcomes:
         if outcome.failure is not None:
-            judged.append(Judged(outcome.index, outcome.name, len(outcome.pairs), None, None, outcome.verified, outcome.failure, outcome.pairs))
+            judged.append(CandidateReport(outcome.name, len(outcome.pairs), None, None, outcome.verified,
+                                          outcome.failure, outcome.pairs, outcome.index))
             continue
         verdict = judge(outcome.pairs, policy)
         note = verdict.note
         if verdict.accepted and verdict.ratio is not None:
             selection.offer(outcome.index, verdict.ratio, outcome.verified)
-        judged.append(Judged(outcome.index, outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad, outcome.verified, note, outcome.pairs))
+        judged.append(CandidateReport(outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad,
+                                      outcome.verified, note, outcome.pairs, outcome.index))
     winner = selection.index
     final = []
     for j in judged:
@@ -200,5 +205,5 @@ def decide(
             note = f"selected: {note}"
         elif j.ratio is not None and j.note.startswith("ratio "):
             note = f"beaten: {note}, {names[winner]} is faster"
-        final.append(Judged(j.index, j.name, j.samples, j.ratio, j.relative_mad, j.verified, note, j.pairs))
+        final.append(dataclasses.replace(j, note=note))
     return selection, final
