@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,7 +21,16 @@ import numpy as np
 from farm.arrays import array_signature
 from farm.policy import Tolerance
 from farm.tunable import TunableSet
-from kernels.cuda import CudaKernel, CudaProgram, array_module, cdiv, cuda_generate, element_strides, i32, i64
+from kernels.cuda import (
+    CudaKernel,
+    CudaProgram,
+    RowLaunch,
+    array_module,
+    cuda_generate,
+    element_strides,
+    i32,
+    i64,
+)
 from kernels.layout import LAYOUTS, arrange, uniform
 from kernels.operation import Operation, SpecField, choice, code_identity, dim
 
@@ -120,25 +128,13 @@ def host_tunable() -> TunableSet:
 PROGRAM = CudaProgram("reduce_sum.cu")
 
 
-@dataclass(frozen=True)
-class ReduceLaunch:
-    """``outputs_per_block`` outputs per block of ``threads`` threads."""
-
-    kernel: str
-    threads: int
-    outputs_per_block: int
-
-    def grid(self, n_out: int) -> tuple[int, int, int]:
-        return (cdiv(n_out, self.outputs_per_block), 1, 1)
-
-
 REDUCE_LAUNCHES = {
-    "tree_128": ReduceLaunch("reduce_tree128", 128, 1),
-    "tree_256": ReduceLaunch("reduce_tree256", 256, 1),
-    "tree_512": ReduceLaunch("reduce_tree512", 512, 1),
-    "shuffle_256": ReduceLaunch("reduce_shuffle", 256, 1),
-    "warp_per_output": ReduceLaunch("reduce_warp", 256, 8),
-    "thread_per_output": ReduceLaunch("reduce_serial", 256, 256),
+    "tree_128": RowLaunch("reduce_tree128", 128, 1),
+    "tree_256": RowLaunch("reduce_tree256", 256, 1),
+    "tree_512": RowLaunch("reduce_tree512", 512, 1),
+    "shuffle_256": RowLaunch("reduce_shuffle", 256, 1),
+    "warp_per_output": RowLaunch("reduce_warp", 256, 8),
+    "thread_per_output": RowLaunch("reduce_serial", 256, 256),
 }
 
 
@@ -148,7 +144,7 @@ def cupy_sum(a: Any, axis: int) -> Any:
     return array_module(a).sum(a, axis=axis)
 
 
-def reduce_kernel(kernel: CudaKernel, launch: ReduceLaunch) -> Callable[[Any, int], Any]:
+def reduce_kernel(kernel: CudaKernel, launch: RowLaunch) -> Callable[[Any, int], Any]:
     """A CUDA candidate launching one kernel of ``cuda/reduce_sum.cu`` with ``launch``."""
 
     def reduce(a: Any, axis: int) -> Any:
@@ -163,13 +159,13 @@ def reduce_kernel(kernel: CudaKernel, launch: ReduceLaunch) -> Callable[[Any, in
     return reduce
 
 
-def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, ReduceLaunch] = REDUCE_LAUNCHES) -> TunableSet:
+def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunch] = REDUCE_LAUNCHES) -> TunableSet:
     """The CUDA candidate set; constructible without CuPy."""
     ts = TunableSet(NAME, signature=array_signature, generate=cuda_generate, tolerance=cuda_tolerance)
     ts.add(cupy_sum, reference=True)
     for name, launch in launches.items():
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
-        group = 0 if launch.outputs_per_block == 1 else 1
+        group = 0 if launch.per_block == 1 else 1
         ts.add(reduce_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
     return ts
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,16 @@ import numpy as np
 from farm.arrays import array_signature
 from farm.policy import Tolerance
 from farm.tunable import TunableSet
-from kernels.cuda import CudaKernel, CudaProgram, array_module, cdiv, cuda_generate, element_strides, i32, i64
+from kernels.cuda import (
+    CudaKernel,
+    CudaProgram,
+    RowLaunch,
+    array_module,
+    cuda_generate,
+    element_strides,
+    i32,
+    i64,
+)
 from kernels.layout import LAYOUTS, arrange, normal
 from kernels.operation import Operation, choice, code_identity, dim
 
@@ -128,24 +136,12 @@ def host_tunable() -> TunableSet:
 PROGRAM = CudaProgram("softmax.cu")
 
 
-@dataclass(frozen=True)
-class SoftmaxLaunch:
-    """``rows_per_block`` rows per block of ``threads`` threads (warp kernels: one row per warp)."""
-
-    kernel: str
-    threads: int
-    rows_per_block: int
-
-    def grid(self, rows: int) -> tuple[int, int, int]:
-        return (cdiv(rows, self.rows_per_block), 1, 1)
-
-
 SOFTMAX_LAUNCHES = {
-    "warp_per_row": SoftmaxLaunch("softmax_warp", 256, 8),
-    "warp_online": SoftmaxLaunch("softmax_online", 256, 8),
-    "block_per_row_128": SoftmaxLaunch("softmax_block128", 128, 1),
-    "block_per_row_256": SoftmaxLaunch("softmax_block256", 256, 1),
-    "block_per_row_512": SoftmaxLaunch("softmax_block512", 512, 1),
+    "warp_per_row": RowLaunch("softmax_warp", 256, 8),
+    "warp_online": RowLaunch("softmax_online", 256, 8),
+    "block_per_row_128": RowLaunch("softmax_block128", 128, 1),
+    "block_per_row_256": RowLaunch("softmax_block256", 256, 1),
+    "block_per_row_512": RowLaunch("softmax_block512", 512, 1),
 }
 
 
@@ -157,7 +153,7 @@ def cupy_three_pass(x: Any) -> Any:
     return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype, copy=False)
 
 
-def softmax_kernel(kernel: CudaKernel, launch: SoftmaxLaunch) -> Callable[[Any], Any]:
+def softmax_kernel(kernel: CudaKernel, launch: RowLaunch) -> Callable[[Any], Any]:
     """A CUDA candidate launching one kernel of ``cuda/softmax.cu`` with ``launch``."""
 
     def row_softmax(x: Any) -> Any:
@@ -171,13 +167,13 @@ def softmax_kernel(kernel: CudaKernel, launch: SoftmaxLaunch) -> Callable[[Any],
     return row_softmax
 
 
-def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, SoftmaxLaunch] = SOFTMAX_LAUNCHES) -> TunableSet:
+def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunch] = SOFTMAX_LAUNCHES) -> TunableSet:
     """The CUDA candidate set; constructible without CuPy."""
     ts = TunableSet(NAME, signature=array_signature, generate=cuda_generate, tolerance=tolerance)
     ts.add(cupy_three_pass, reference=True)
     for name, launch in launches.items():
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
-        group = 0 if launch.rows_per_block > 1 else 1
+        group = 0 if launch.per_block > 1 else 1
         ts.add(softmax_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
     return ts
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,18 @@ def element_strides(a: Any) -> tuple[int, ...]:
 def cdiv(a: int, b: int) -> int:
     """Ceiling division: blocks needed to cover ``a`` items ``b`` at a time."""
     return -(-a // b)
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """A one-dimensional launch: ``per_block`` rows (or outputs) per block of ``threads`` threads."""
+
+    kernel: str
+    threads: int
+    per_block: int
+
+    def grid(self, rows: int) -> tuple[int, int, int]:
+        return (cdiv(rows, self.per_block), 1, 1)
 
 
 def i32(value: int) -> np.int32:
