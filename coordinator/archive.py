@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -328,6 +327,8 @@ def import_cache(archives: Sequence[Archive], directory: Path | str, fingerprint
     directory = Path(directory)
     if directory.is_symlink():
         directory = directory.resolve()
+    if directory.exists() and not directory.is_dir():
+        raise ArchiveError(f"{directory}: not a directory; nothing imported")
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.import-"))
     try:
@@ -366,8 +367,8 @@ def import_cache(archives: Sequence[Archive], directory: Path | str, fingerprint
         writes = [(store.path(e.record.cache_key), e.json.encode()) for e in chosen.values()]
         writes += [(staging / TRIALS / f"{sha}.json", json.dumps(list(e.trials)).encode()) for sha, e in chosen.items()]
         writes.append((staging / INDEX, json.dumps(index, sort_keys=True, indent=1).encode()))
-        with ThreadPoolExecutor(max_workers=8) as pool:  # file creation waits on the file system, not the GIL
-            list(pool.map(lambda w: _write_new(*w), writes))
+        for path, data in writes:  # (threads do not help: file creation is bound by the file system's journal)
+            _write_new(path, data)
         count = sum(1 for p in staging.glob("*.json") if p.name != INDEX)
         if count > SINK_CAPACITY and results:
             results[-1].notes.append(

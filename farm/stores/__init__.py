@@ -1,4 +1,9 @@
-"""Decision stores: the tiers behind the controller's memory (memory, disk, and later Redis and Parquet)."""
+"""Decision stores: the tiers behind the controller's memory.
+
+``memory`` and ``disk`` (this process, this machine), ``redis`` (the fleet's decision cache; imports redis-py
+lazily) and ``archive`` (Parquet archives per fingerprint; imports pyarrow lazily). Import the last two from their
+modules: ``from farm.stores.archive import ArchiveStore``.
+"""
 
 from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
