@@ -188,7 +188,10 @@ class TunableSet:
         """The exact workload signature; INVALID_INPUT when the set has none or it is empty."""
         if self._signature is None:
             raise TuneFailure.invalid(f"{self.name}: no exact workload signature was registered")
-        workload = self._signature(*inputs)
+        try:
+            workload = self._signature(*inputs)
+        except TypeError as e:  # an argument the signature cannot describe exactly
+            raise TuneFailure.invalid(f"{self.name}: workload signature failed: {e}") from e
         if not isinstance(workload, str) or not workload:
             raise TuneFailure.invalid(f"{self.name}: workload signature must be a non-empty string, got {workload!r}")
         return workload

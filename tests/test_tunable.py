@@ -192,3 +192,14 @@ def test_registering_a_candidate_clears_prepared_requests() -> None:
     s.prepared["memo"] = object()
     s.add(lambda x: x, name="another")
     assert s.prepared == {}
+
+
+def test_an_input_the_signature_cannot_describe_is_invalid_input_naming_the_set():
+    from farm import FailureKind, TunableSet, TuneFailure, array_signature
+
+    ts = TunableSet("sig_test", signature=array_signature)
+    ts.add(lambda x: x, name="ref", reference=True)
+    with pytest.raises(TuneFailure) as error:
+        ts.stack_workload(({"not": "an array"},))
+    assert error.value.kind is FailureKind.INVALID_INPUT
+    assert "sig_test" in error.value.message and "dict" in error.value.message
