@@ -50,6 +50,19 @@ def kills_its_worker(x):
     os._exit(17)
 
 
+def loses_the_device_on_cpu0(x):
+    """Correct, but on the worker of cpu:0 the device is "lost": every later completion fence fails, as after a
+    GPU fault. Elsewhere it is an ordinary (fast) candidate."""
+    if os.environ.get("FARM_WORKER_DEVICE") == "cpu:0":
+        from farm.runtimes.host import HostClient
+
+        def lost(self):
+            raise RuntimeError("device lost")
+
+        HostClient.sync = lost
+    return x + x
+
+
 def make(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any, ...]:
     return (xp.asarray(rng.random(spec["n"]), dtype=spec["dtype"]),)
 
@@ -66,4 +79,5 @@ OPERATIONS = (
     operation("farmtest_scale", [(vectorized, 0), (wrong_but_fast, 0), (raises, 1), (returns_nan, 1)]),
     operation("farmtest_hang", [(vectorized, 0), (hangs, 1)]),
     operation("farmtest_crash", [(vectorized, 0), (kills_its_worker, 1)]),
+    operation("farmtest_device", [(loses_the_device_on_cpu0, 0)]),
 )

@@ -62,3 +62,42 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
         # The task the victim held was redelivered and run again by the survivor.
         attempts = [r.provenance.get("attempt") for a in summary.aggregates for r in a.problem.results.values()]
         assert max(attempts) >= 2
+
+
+def test_a_device_failure_quarantines_the_worker_and_another_worker_of_the_fingerprint_runs_the_task(redis_srv, tmp_path):
+    with fleet(redis_srv, tmp_path / "fleet", ("cpu:0",)) as f:
+        catalog = load_catalog(write_catalog(tmp_path / "c.toml", """
+[[problems]]
+operation = "farmtest_device"
+workloads = [{ n = 400, dtype = "float64" }]
+"""), ("farm_testops",))
+        client = f.client()
+        import threading
+
+        outcome: dict[str, object] = {}
+        coordinator = threading.Thread(
+            target=lambda: outcome.update(summary=tune(catalog, settings=f.settings, timeout=150, **f.coordinator())))
+        coordinator.start()
+
+        def state_of_cpu0() -> str | None:
+            for w in presence.live_workers(client, f.settings):
+                if w.device == "cpu:0":
+                    return w.state
+            return None
+
+        wait_for(lambda: state_of_cpu0() == presence.QUARANTINED, 60, "cpu:0 to quarantine itself")
+        wait_for(lambda: "stopped consuming" in f.workers[0].output(), 30, "cpu:0 to stop consuming")
+        f.start("cpu:1")
+        coordinator.join(180)
+        assert not coordinator.is_alive()
+        (agg,) = outcome["summary"].aggregates
+        assert agg.record is not None
+        assert agg.record.name == "loses_the_device_on_cpu0"
+        (result,) = agg.problem.results.values()
+        assert result.provenance["device"] == "cpu:1"
+        assert state_of_cpu0() == presence.QUARANTINED  # still announced, still unhealthy
+        from coordinator.status import collect
+
+        states = {w["device"]: w["state"] for w in collect(client, f.settings)["workers"]}
+        assert states["cpu:0"] == "quarantined"
+        assert states["cpu:1"] in ("healthy", "busy")  # busy until its postrun hook, right after the result
