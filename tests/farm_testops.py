@@ -46,6 +46,15 @@ def hangs(x):
         time.sleep(0.05)
 
 
+def ignores_the_soft_limit(x):
+    """Hangs with the soft time limit's signal blocked, like a hang inside C code: only the hard limit ends it."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    while True:
+        time.sleep(0.05)
+
+
 def kills_its_worker(x):
     os._exit(17)
 
@@ -80,4 +89,5 @@ OPERATIONS = (
     operation("farmtest_hang", [(vectorized, 0), (hangs, 1)]),
     operation("farmtest_crash", [(vectorized, 0), (kills_its_worker, 1)]),
     operation("farmtest_device", [(loses_the_device_on_cpu0, 0)]),
+    operation("farmtest_stubborn", [(vectorized, 0), (ignores_the_soft_limit, 1)]),
 )

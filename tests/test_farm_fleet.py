@@ -149,3 +149,17 @@ def test_status_shows_both_workers_healthy_and_the_finished_run(two_workers, tmp
     assert fp["decisions"] >= 2 and fp["queued"] == 0
     run = next(r for r in status["runs"] if r["run"] == summary.run)
     assert run["state"] == "finished" and run["done"] == run["groups"] == str(summary.tasks)
+
+
+def test_a_candidate_that_ignores_the_soft_limit_is_killed_by_the_hard_limit_and_its_group_recorded_failed(
+        two_workers, tmp_path):
+    catalog = write_catalog(tmp_path / "c.toml", """
+[[problems]]
+operation = "farmtest_stubborn"
+workloads = [{ n = 200, dtype = "float64" }]
+""")
+    summary = run_catalog(two_workers, catalog, force=True, timeout=120)
+    (agg,) = summary.aggregates
+    assert agg.record is not None and agg.record.name == "vectorized"
+    note = notes(agg)["ignores_the_soft_limit"]
+    assert "group failed" in note and "TimeLimitExceeded" in note
