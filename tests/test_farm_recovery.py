@@ -59,9 +59,11 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
         assert len(records) == 3
         assert {r.meta["spec"]["n"] for r in records} == {150000, 150001, 150002}
         assert len(client.xrange(f.settings.events_key)) == 3
-        # The task the victim held was redelivered and run again by the survivor.
+        # The victim died holding a task: a group (redelivered and run again by the survivor) or a confirmation
+        # (given up on, the decision published unconfirmed).
         attempts = [r.provenance.get("attempt") for a in summary.aggregates for r in a.problem.results.values()]
-        assert max(attempts) >= 2
+        abandoned = [a for a in summary.aggregates if "went away" in str(a.record.meta.get("confirmation"))]
+        assert max(attempts) >= 2 or abandoned
 
 
 def test_a_device_failure_quarantines_the_worker_and_another_worker_of_the_fingerprint_runs_the_task(redis_srv, tmp_path):
