@@ -146,6 +146,7 @@ def test_status_shows_both_workers_healthy_and_the_finished_run(two_workers, tmp
     assert sorted(w["device"] for w in status["workers"]) == ["cpu:0", "cpu:1"]
     assert {w["state"] for w in status["workers"]} <= {"healthy", "busy"}
     (fp,) = status["fingerprints"]
+    assert fp["models"] == [farm.HostClient(0).model()]
     assert fp["decisions"] >= 2 and fp["queued"] == 0
     run = next(r for r in status["runs"] if r["run"] == summary.run)
     assert run["state"] == "finished" and run["done"] == run["groups"] == str(summary.tasks)

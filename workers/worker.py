@@ -56,7 +56,7 @@ def probe_here(device: str) -> dict[str, Any]:
         "fingerprint": env.fingerprint,
         "digest": env.digest,
         "persistent": env.persistent,
-        "model": client.properties_fingerprint().split(";")[0 if device.startswith("cuda") else 1].strip(),
+        "model": client.model(),
     }
 
 

@@ -91,6 +91,9 @@ class CudaClient:
     def properties_fingerprint(self) -> str:
         return _properties(self.index)
 
+    def model(self) -> str:
+        return _properties(self.index).split(";")[0]
+
     def driver_fingerprint(self) -> str | None:
         rt = self._cupy.cuda.runtime
         try:

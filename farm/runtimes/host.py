@@ -51,6 +51,9 @@ class HostClient:
     def properties_fingerprint(self) -> str:
         return _properties()
 
+    def model(self) -> str:
+        return _cpu_model()
+
     def driver_fingerprint(self) -> str | None:
         return _driver()
 
