@@ -1,8 +1,9 @@
 """The farm's one error vocabulary.
 
 `TuneFailure` carries the controller's failure kinds (the seed's vocabulary). Farm-level errors derive from
-`FarmError`. Every error here survives pickling by other libraries (``__reduce__``) and round-trips through JSON
-(``to_dict``/``from_dict``) so it can travel between processes without pickle in our own protocols.
+`FarmError`. Every error here can be rebuilt from its arguments (``__reduce__``, for libraries that copy
+exceptions across processes) and round-trips through JSON (``to_dict``/``from_dict``), which is what our own
+protocols use.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A :class:`GroupTask` asks a worker to run ONE priority group of ONE problem on its device; a
 :class:`GroupResult` brings back, per candidate, the verdict, note, timing pairs and observed errors, plus
-provenance. Both are frozen dataclasses with ``to_dict``/``from_dict``; nothing is ever pickled.
+provenance. Both are frozen dataclasses with ``to_dict``/``from_dict``: plain JSON, never a binary object format.
 """
 
 from __future__ import annotations
