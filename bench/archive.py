@@ -29,14 +29,14 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from servers import redis_server  # noqa: E402
 
 import farm  # noqa: E402
-from coordinator.archive import export_redis, import_cache, import_redis, load_archives  # noqa: E402
 from farm.adapter import RuntimeTrials, prepare  # noqa: E402
 from farm.environment import farm_version, fingerprint_digest, runtime_environment  # noqa: E402
 from farm.identity import Candidate, Problem, Scope, cache_key  # noqa: E402
-from farm.settings import Settings  # noqa: E402
 from farm.stores.archive import ArchiveStore  # noqa: E402
 from farm.stores.base import DecisionRecord  # noqa: E402
 from farm.stores.redis import FUNCTION_SOURCE, RedisDecisions, field_for  # noqa: E402
+from farm_coordinator.archive import export_redis, import_cache, import_redis, load_archives  # noqa: E402
+from farm_fleet.settings import Settings  # noqa: E402
 
 POLICY = farm.StackPolicy()
 CANDIDATES = [Candidate(n) for n in ("reference", "vectorized", "blocked")]

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from farm import TunableSet, array_signature
-from kernels.operation import Operation, dim
+from farm_kernels.operation import Operation, dim
 
 trivial = TunableSet("bench_trivial", signature=array_signature)
 

@@ -25,12 +25,12 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 from servers import farm_env, redis_server, start_worker, wait_worker_ready  # noqa: E402
 
-from coordinator.catalog import load_catalog  # noqa: E402
-from coordinator.run import tune  # noqa: E402
 from farm.identity import fields  # noqa: E402
-from farm.settings import Settings  # noqa: E402
 from farm.stores.base import DecisionRecord  # noqa: E402
 from farm.stores.redis import RedisDecisions, field_for  # noqa: E402
+from farm_coordinator.catalog import load_catalog  # noqa: E402
+from farm_coordinator.run import tune  # noqa: E402
+from farm_fleet.settings import Settings  # noqa: E402
 
 
 def host_catalog(directory: Path) -> Path:
@@ -63,7 +63,7 @@ def main() -> None:
         worker = start_worker("cpu:0", redis.url(0), redis.url(1), directory, env, kernels=("bench_ops",))
         try:
             wait_worker_ready(worker, redis.client(1), settings.prefix)
-            from farm.cli import _celery_parts
+            from farm_cli import _celery_parts
 
             parts = _celery_parts(settings)
             fleet, dispatcher = parts["fleet"], parts["dispatcher"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import farm
 from farm.runtimes.base import ComputeClient
-from kernels import registry
+from farm_kernels import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CATALOG = ROOT / "examples" / "catalog.toml"

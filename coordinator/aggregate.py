@@ -7,13 +7,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.plan import Problem
 from farm.environment import farm_version
 from farm.policy import StackPolicy
-from farm.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 from farm.scoring import judge
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, decide
+from farm_coordinator.plan import Problem
+from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
 META_FIELDS = (
@@ -187,6 +187,6 @@ def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: 
 
 
 def _name(problem: Problem, impl_index: int) -> str:
-    from kernels import registry
+    from farm_kernels import registry
 
     return registry.get(problem.workload.operation).tunable(problem.target.device_kind)[impl_index].name

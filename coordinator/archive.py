@@ -43,7 +43,7 @@ from farm.stores.base import CorruptRecord, DecisionRecord, replaces
 from farm.stores.disk import DiskStore
 from farm.stores.redis import RedisDecisions
 
-INDEX = "farm-index.json"  # coordinator.sinks.DirectorySink's index and trials folder
+INDEX = "farm-index.json"  # farm_coordinator.sinks.DirectorySink's index and trials folder
 TRIALS = "trials"
 SINK_CAPACITY = 65536  # DirectorySink's DiskStore capacity: the runtime prunes a cache dir beyond its own
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from farm.errors import ConfigError, TuneFailure
 from farm.policy import StackPolicy
-from farm.protocol import canonical_json
+from farm_fleet.protocol import canonical_json
 
 TOP_LEVEL = {"policy", "problems"}
 PROBLEM_FIELDS = {"operation", "devices", "workloads"}
@@ -39,7 +39,7 @@ class Catalog:
 
 def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
     """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem."""
-    from kernels import registry
+    from farm_kernels import registry
 
     source = str(path)
     try:

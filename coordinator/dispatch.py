@@ -4,7 +4,7 @@
   the policy; results are read from the shared results store as they complete (no chords); a task Celery marks
   failed without a stored result (hard time limit, lost beyond retries) becomes a failed group result.
 - :class:`LocalDispatcher`: the embedded farm: runs each task in-process through an injected ``execute`` (the CLI
-  passes :func:`workers.tasks.run_group`, the very function the Celery task runs for each group of a batch).
+  passes :func:`farm_workers.tasks.run_group`, the very function the Celery task runs for each group of a batch).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from farm.protocol import GROUP_TASK, GroupResult, GroupTask
-from farm.results import RedisResults
-from farm.settings import Settings
+from farm_fleet.protocol import GROUP_TASK, GroupResult, GroupTask
+from farm_fleet.results import RedisResults
+from farm_fleet.settings import Settings
 
 Key = tuple[str, str, str]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from coordinator.plan import Target
-from farm import presence
-from farm.protocol import GroupTask
 from farm.runtimes.base import parse_device
-from farm.settings import Settings
+from farm_coordinator.plan import Target
+from farm_fleet import presence
+from farm_fleet.protocol import GroupTask
+from farm_fleet.settings import Settings
 
 SERVING = (presence.HEALTHY, presence.BUSY)
 

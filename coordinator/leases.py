@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 # Compare-and-act on a lease: only its holder may renew or release it.
 _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"

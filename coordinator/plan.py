@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.catalog import Catalog, Workload
-from farm.protocol import GroupTask, problem_id
+from farm_coordinator.catalog import Catalog, Workload
+from farm_fleet.protocol import GroupTask, problem_id
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def group_tasks(
 ) -> tuple[list[GroupTask], dict[int, str]]:
     """One task per priority group in plan order; candidates past ``max_candidates`` (the reference counts one)
     are not dispatched and come back as skip notes keyed by implementation index."""
-    from kernels import registry
+    from farm_kernels import registry
 
     tunable = registry.get(workload.operation).tunable(target.device_kind)
     reference = tunable.stack_reference()
@@ -72,7 +72,7 @@ def group_tasks(
 
 def expand(catalog: Catalog, targets: list[Target], run: str) -> list[Problem]:
     """Every (workload, target) pair whose device kind matches, with its group tasks."""
-    from kernels import registry
+    from farm_kernels import registry
 
     policy_dict = catalog.policy.to_dict()
     accuracy = catalog.policy.accuracy_key()

@@ -23,13 +23,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
-from coordinator.catalog import Catalog
-from coordinator.plan import Problem, Target, expand
-from coordinator.sinks import Sink
 from farm.errors import FarmError
-from farm.protocol import GroupResult, GroupTask
-from farm.settings import Settings
+from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
+from farm_coordinator.catalog import Catalog
+from farm_coordinator.plan import Problem, Target, expand
+from farm_coordinator.sinks import Sink
+from farm_fleet.protocol import GroupResult, GroupTask
+from farm_fleet.settings import Settings
 
 CONFIRM_GROUP = "confirm"
 
@@ -85,7 +85,7 @@ def new_run_id() -> str:
 
 
 class Leases(Protocol):
-    """Single flight across coordinators (see coordinator.leases)."""
+    """Single flight across coordinators (see farm_coordinator.leases)."""
 
     def acquire(self, pids: list[str], holder: str) -> set[str]: ...
 
@@ -122,8 +122,8 @@ def tune(
     With ``leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
     lease expires), and group results already stored under a problem's round are reused (resume after a crash).
     """
-    from coordinator.leases import LocalLeases
-    from coordinator.runlog import NoRunLog
+    from farm_coordinator.leases import LocalLeases
+    from farm_coordinator.runlog import NoRunLog
 
     settings.check_limits(catalog.policy, catalog.path)
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
@@ -331,7 +331,7 @@ class _Run:
 def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
     assert agg.record is not None
     base = problem.tasks[0]
-    from kernels import registry
+    from farm_kernels import registry
 
     tunable = registry.get(base.operation).tunable(base.device_kind)
     impl = next(i for i, impl in enumerate(tunable.implementations) if impl.name == agg.record.name)
@@ -340,8 +340,8 @@ def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
 
 
 def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of this fingerprint online") -> Aggregate:
-    from coordinator.aggregate import Aggregate as A
     from farm.stores.base import DecisionRecord
+    from farm_coordinator.aggregate import Aggregate as A
 
     assert agg.record is not None
     r = agg.record
@@ -368,7 +368,7 @@ def _progress(console: Console, problems: list[Problem]) -> Iterator[Any]:
 
 def summary_table(summary: RunSummary) -> Table:
     """The decisions of a run as a table: one row per problem."""
-    from kernels import registry
+    from farm_kernels import registry
 
     table = Table(title=f"run {summary.run}: {summary.published} decisions, {len(summary.already_decided)} already decided")
     for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):

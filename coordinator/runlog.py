@@ -7,7 +7,7 @@ import socket
 import time
 from typing import Any
 
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 RUNNING = "running"
 FINISHED = "finished"

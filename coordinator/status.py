@@ -9,9 +9,9 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from coordinator.runlog import FINISHED, RedisRunLog
-from farm import presence
-from farm.settings import Settings
+from farm_coordinator.runlog import FINISHED, RedisRunLog
+from farm_fleet import presence
+from farm_fleet.settings import Settings
 
 STALE_RUN_SECONDS = 30.0
 

@@ -20,6 +20,8 @@ COPY farm /src/farm
 COPY kernels /src/kernels
 COPY workers /src/workers
 COPY coordinator /src/coordinator
+COPY fleet /src/fleet
+COPY cli /src/cli
 RUN pip install "/src[farm]" \
     && rm -rf /src \
     && farm --version

@@ -8,15 +8,15 @@ import socket
 import sys
 import time
 
-from farm import presence
-from farm.settings import Settings
+from farm_fleet import presence
+from farm_fleet.settings import Settings
 from farm.stores.redis import connect
 
 device = sys.argv[1]
 settings = Settings.from_env()
 if not settings.redis_url:
     sys.exit("unhealthy: FARM_REDIS_URL is not set")
-worker_id = f"{socket.gethostname()}-{device.replace(':', '')}"  # as workers.worker.run_worker names it
+worker_id = f"{socket.gethostname()}-{device.replace(':', '')}"  # as farm_workers.worker.run_worker names it
 client = connect(settings.redis_url, timeout=5.0)
 try:
     state, updated = client.hmget(settings.worker_key(worker_id), "state", "updated")

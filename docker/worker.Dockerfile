@@ -43,6 +43,8 @@ COPY farm /src/farm
 COPY kernels /src/kernels
 COPY workers /src/workers
 COPY coordinator /src/coordinator
+COPY fleet /src/fleet
+COPY cli /src/cli
 RUN uv pip install --python /opt/farm/bin/python "/src[farm,cuda]" \
     && rm -rf /src \
     && farm --version \

@@ -27,6 +27,7 @@ from farm.errors import FailureKind, TuneFailure
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
 from farm.scoring import valid_seconds
+from farm.stores import open_fleet_source
 from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
@@ -145,19 +146,6 @@ class Request(NamedTuple):
     lane: str
 
 
-def fleet_source(source: DecisionStore | str | Path) -> DecisionStore:
-    """A fleet tier from a store, a Redis URL or an archive directory (Redis and pyarrow load lazily)."""
-    if isinstance(source, str) and source.split("://", 1)[0] in ("redis", "rediss", "unix"):
-        from farm.stores.redis import RedisDecisions
-
-        return RedisDecisions(source)
-    if isinstance(source, (str, Path)):
-        from farm.stores.archive import ArchiveStore
-
-        return ArchiveStore(Path(source))
-    return source
-
-
 _STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
 
 
@@ -185,7 +173,7 @@ class StackTuner:
         self._lock = threading.Lock()
         self._memory = MemoryStore(policy.capacity, memory_eviction)
         self._disk = DiskStore(cache_directory, policy.capacity) if cache_directory is not None else None
-        self._fleet = tuple(fleet_source(f) for f in fleet)
+        self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()

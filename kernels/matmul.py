@@ -23,9 +23,18 @@ import numpy as np
 from farm.arrays import array_signature
 from farm.policy import Tolerance
 from farm.tunable import TunableSet
-from kernels.cuda import CudaKernel, CudaProgram, array_module, cdiv, cuda_generate, element_strides, i32, i64
-from kernels.layout import arrange, uniform
-from kernels.operation import Operation, choice, code_identity, dim
+from farm_kernels.cuda import (
+    CudaKernel,
+    CudaProgram,
+    array_module,
+    cdiv,
+    cuda_generate,
+    element_strides,
+    i32,
+    i64,
+)
+from farm_kernels.layout import arrange, uniform
+from farm_kernels.operation import Operation, choice, code_identity, dim
 
 NAME = "matmul"
 LAYOUTS = ("contiguous", "a_transposed", "b_transposed", "transposed", "strided")

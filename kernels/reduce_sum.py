@@ -21,7 +21,7 @@ import numpy as np
 from farm.arrays import array_signature
 from farm.policy import Tolerance
 from farm.tunable import TunableSet
-from kernels.cuda import (
+from farm_kernels.cuda import (
     CudaKernel,
     CudaProgram,
     RowLaunch,
@@ -31,8 +31,8 @@ from kernels.cuda import (
     i32,
     i64,
 )
-from kernels.layout import LAYOUTS, arrange, uniform
-from kernels.operation import Operation, SpecField, choice, code_identity, dim
+from farm_kernels.layout import LAYOUTS, arrange, uniform
+from farm_kernels.operation import Operation, SpecField, choice, code_identity, dim
 
 NAME = "reduce_sum"
 HOST_DTYPES = ("float32", "float64")

@@ -4,7 +4,7 @@ Workers and the coordinator call :func:`ensure_loaded` with the ``--kernels`` mo
 loads, once each, the builtin operations, every module named by an entry point of group ``farm.kernels``, and the
 given modules. Both sides therefore see the same operations and compute the same checksums.
 
-A module of operations either exposes ``OPERATIONS`` (an iterable of :class:`~kernels.operation.Operation`,
+A module of operations either exposes ``OPERATIONS`` (an iterable of :class:`~farm_kernels.operation.Operation`,
 registered when the module is loaded; the builtin modules do this) or calls :func:`register` at import. Loading a
 module twice, or registering the same Operation object twice, is a no-op; a *different* operation with a taken
 name is an error naming both.
@@ -21,10 +21,10 @@ from types import ModuleType
 from typing import Any
 
 from farm.errors import ConfigError
-from kernels.operation import Operation
+from farm_kernels.operation import Operation
 
 ENTRY_POINT_GROUP = "farm.kernels"
-BUILTIN_MODULES = ("kernels.matmul", "kernels.softmax", "kernels.reduce_sum", "kernels.transpose", "kernels.bias_gelu")
+BUILTIN_MODULES = ("farm_kernels.matmul", "farm_kernels.softmax", "farm_kernels.reduce_sum", "farm_kernels.transpose", "farm_kernels.bias_gelu")
 SOURCE = "kernels registry"
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from farm.arrays import array_signature
 from farm.policy import Tolerance
 from farm.tunable import TunableSet
-from kernels.cuda import (
+from farm_kernels.cuda import (
     CudaKernel,
     CudaProgram,
     RowLaunch,
@@ -32,8 +32,8 @@ from kernels.cuda import (
     i32,
     i64,
 )
-from kernels.layout import LAYOUTS, arrange, normal
-from kernels.operation import Operation, choice, code_identity, dim
+from farm_kernels.layout import LAYOUTS, arrange, normal
+from farm_kernels.operation import Operation, choice, code_identity, dim
 
 NAME = "softmax"
 HOST_DTYPES = ("float32", "float64")

@@ -11,7 +11,7 @@ from typing import Any
 
 from servers import RedisServer, WorkerProcess, farm_env, start_worker, wait_worker_ready
 
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 # Small limits so a hung candidate is interrupted in seconds and a lost task is redelivered in well under a minute.
 WORKER_ENV = {
@@ -48,7 +48,7 @@ class Fleet:
         return worker
 
     def coordinator(self) -> dict[str, Any]:
-        from farm.cli import _celery_parts
+        from farm_cli import _celery_parts
 
         return _celery_parts(self.settings)
 

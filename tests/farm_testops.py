@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from farm import TunableSet, array_signature
-from kernels.operation import Operation, dim
+from farm_kernels.operation import Operation, dim
 
 
 def slow_reference(x):

@@ -136,7 +136,7 @@ def start_worker(device: str, broker: str, redis_url: str, directory: Path, env:
                  kernels: tuple[str, ...] = ("farm_testops",)) -> WorkerProcess:
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / f"worker-{device.replace(':', '')}-{time.monotonic_ns()}.log"
-    args = [sys.executable, "-m", "farm.cli", "worker", "--device", device, "--broker", broker, "--redis", redis_url]
+    args = [sys.executable, "-m", "farm_cli", "worker", "--device", device, "--broker", broker, "--redis", redis_url]
     for module in kernels:
         args += ["--kernels", module]
     with open(log, "wb") as out:

@@ -17,16 +17,16 @@ import pytest
 from servers import farm_env
 
 import farm
-from coordinator import archive as ops
-from coordinator.aggregate import TRIAL_FIELDS
-from coordinator.sinks import DirectorySink
 from farm.environment import fingerprint_digest, runtime_environment
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
-from farm.settings import Settings
 from farm.stores import archive as arc
 from farm.stores.base import DecisionRecord
 from farm.stores.disk import DiskStore
 from farm.stores.redis import RedisDecisions, field_for
+from farm_coordinator import archive as ops
+from farm_coordinator.aggregate import TRIAL_FIELDS
+from farm_coordinator.sinks import DirectorySink
+from farm_fleet.settings import Settings
 
 FP_A = fields(["host-numpy", "cpu", "model A", "driver 1", "cpython", "build 1", "", "opts"])
 FP_B = fields(["host-numpy", "cpu", "model B", "driver 1", "cpython", "build 1", "", "opts"])
@@ -141,7 +141,7 @@ def hand_archive(parent: Path, fingerprint: str, entries: list[arc.ArchiveEntry]
 
 
 def farm_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farm.cli", "archive", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "farm_cli", "archive", *args], capture_output=True, text=True,
                           env=farm_env({"FARM_PREFIX": PREFIX}), cwd=cwd, timeout=120)
 
 
@@ -270,7 +270,7 @@ class CountingRunner:
 
 
 def scale_operation():
-    from kernels import registry
+    from farm_kernels import registry
 
     registry.ensure_loaded(("farm_testops",))
     return registry.get("farmtest_scale")
@@ -323,7 +323,7 @@ RUNTIME_SCRIPT = """
 import json, sys
 import farm
 from farm.stores.archive import ArchiveStore
-from kernels import registry
+from farm_kernels import registry
 
 calls = {"validate": 0, "measure": 0}
 for name in calls:

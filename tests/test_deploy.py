@@ -30,9 +30,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from servers import farm_env, free_port, start_worker, wait_for, wait_worker_ready
 
-from farm.settings import Settings
 from farm.stores.base import DecisionRecord
 from farm.stores.redis import RedisDecisions
+from farm_fleet.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -571,7 +571,7 @@ def test_a_worker_and_the_coordinator_run_through_the_acl_users_and_an_inference
             # The coordinator's command in the compose file, with the URLs (writer users) from the environment.
             catalog = write_catalog(tmp_path / "c.toml", SCALE)
             run = subprocess.run(
-                [sys.executable, "-m", "farm.cli", "tune", str(catalog), "--kernels", "farm_testops", "--json"],
+                [sys.executable, "-m", "farm_cli", "tune", str(catalog), "--kernels", "farm_testops", "--json"],
                 capture_output=True, text=True, timeout=120, cwd=tmp_path,
                 env={**env, "FARM_BROKER_URL": broker.url(), "FARM_REDIS_URL": decisions.url()},
             )

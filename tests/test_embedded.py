@@ -11,9 +11,9 @@ from farm_helpers import write_catalog
 from servers import farm_env
 
 import farm
-from coordinator.aggregate import META_FIELDS
-from coordinator.catalog import load_catalog
 from farm.stores.base import DecisionRecord
+from farm_coordinator.aggregate import META_FIELDS
+from farm_coordinator.catalog import load_catalog
 
 CATALOG = """
 [[problems]]
@@ -23,7 +23,7 @@ workloads = [{ n = 2000, dtype = "float64" }, { n = 13, dtype = "float64" }]
 
 
 def farm_tune(*args: str, cwd) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "farm.cli", "tune", *args, "--kernels", "farm_testops"],
+    return subprocess.run([sys.executable, "-m", "farm_cli", "tune", *args, "--kernels", "farm_testops"],
                           capture_output=True, text=True, env=farm_env(), cwd=cwd, timeout=300)
 
 
@@ -39,7 +39,7 @@ def test_the_embedded_farm_writes_decisions_the_runtime_reuses(tmp_path):
     assert len(records) == 2
     assert all(set(r.meta) == set(META_FIELDS) for r in records)
 
-    from kernels import registry
+    from farm_kernels import registry
 
     registry.ensure_loaded(("farm_testops",))
     op = registry.get("farmtest_scale")

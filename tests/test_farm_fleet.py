@@ -8,10 +8,10 @@ import pytest
 from farm_helpers import fleet, write_catalog
 
 import farm
-from coordinator.catalog import load_catalog
-from coordinator.run import tune
 from farm.errors import ConfigError
 from farm.stores.redis import RedisDecisions
+from farm_coordinator.catalog import load_catalog
+from farm_coordinator.run import tune
 
 pytestmark = pytest.mark.servers
 
@@ -72,7 +72,7 @@ def test_a_catalog_tunes_on_the_fleet_and_a_fresh_runtime_hits_the_published_dec
 
     # A fresh in-process controller on the same device class, with the same accuracy settings, reuses the
     # decision after one validation.
-    from kernels import registry
+    from farm_kernels import registry
 
     tuner = farm.StackTuner(load_catalog(catalog, ("farm_testops",)).policy,
                             fleet=[RedisDecisions(two_workers.results_url, settings=two_workers.settings)])
@@ -139,7 +139,7 @@ workloads = [{ n = 300, dtype = "float64" }]
 
 
 def test_status_shows_both_workers_healthy_and_the_finished_run(two_workers, tmp_path):
-    from coordinator.status import collect
+    from farm_coordinator.status import collect
 
     summary = run_catalog(two_workers, write_catalog(tmp_path / "c.toml", SCALE), force=True)
     status = collect(two_workers.client(), two_workers.settings, two_workers.redis.client(0))

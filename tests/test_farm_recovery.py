@@ -6,10 +6,10 @@ import pytest
 from farm_helpers import fleet, write_catalog
 from servers import wait_for
 
-from coordinator.catalog import load_catalog
-from coordinator.run import tune
-from farm import presence
 from farm.stores.redis import RedisDecisions
+from farm_coordinator.catalog import load_catalog
+from farm_coordinator.run import tune
+from farm_fleet import presence
 
 pytestmark = pytest.mark.servers
 
@@ -98,7 +98,7 @@ workloads = [{ n = 400, dtype = "float64" }]
         (result,) = agg.problem.results.values()
         assert result.provenance["device"] == "cpu:1"
         assert state_of_cpu0() == presence.QUARANTINED  # still announced, still unhealthy
-        from coordinator.status import collect
+        from farm_coordinator.status import collect
 
         states = {w["device"]: w["state"] for w in collect(client, f.settings)["workers"]}
         assert states["cpu:0"] == "quarantined"

@@ -28,7 +28,7 @@ GROUPS = 8  # 4 problems x 2 priority groups
 def coordinator(f, catalog) -> subprocess.Popen[str]:
     env = dict(f.env, FARM_LEASE_TTL="2")
     return subprocess.Popen(
-        [sys.executable, "-m", "farm.cli", "tune", str(catalog), "--broker", f.broker, "--redis", f.results_url,
+        [sys.executable, "-m", "farm_cli", "tune", str(catalog), "--broker", f.broker, "--redis", f.results_url,
          "--kernels", "farm_testops", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )

@@ -25,7 +25,7 @@ from farm_helpers import Fleet, fleet, write_catalog
 from servers import free_port, wait_for
 
 from farm.errors import ConfigError
-from workers.flower import check_basic_auth, flower_argv, run_flower
+from farm_workers.flower import check_basic_auth, flower_argv, run_flower
 
 USER, PASSWORD = "operator", "s3cret-flower-pass"
 SCALE = """
@@ -66,7 +66,7 @@ class Flower:
 def flower_process(f: Fleet, directory: Path) -> Iterator[Flower]:
     port = free_port()
     log = directory / "flower.log"
-    args = [sys.executable, "-m", "farm.cli", "flower", "--broker", f.broker, "--address", "127.0.0.1",
+    args = [sys.executable, "-m", "farm_cli", "flower", "--broker", f.broker, "--address", "127.0.0.1",
             "--port", str(port), "--basic-auth", f"{USER}:{PASSWORD}"]
     with open(log, "wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=f.env, cwd=directory,
@@ -138,7 +138,7 @@ def test_flower_options_cannot_replace_the_credentials(option):
 
 
 def test_farm_flower_without_credentials_exits_with_an_error_before_starting():
-    from farm.cli import main
+    from farm_cli import main
 
     env = {"FARM_FLOWER_BASIC_AUTH": ""}
     missing = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0"], env=env)
@@ -180,8 +180,8 @@ def test_flower_lists_the_worker_with_credentials(farm_with_flower):
 
 @pytest.mark.servers
 def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_with_flower, tmp_path):
-    from coordinator.catalog import load_catalog
-    from coordinator.run import tune
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
 
     f, flower = farm_with_flower
     worker = nodename(f)

@@ -20,8 +20,8 @@ import pytest
 
 import farm
 from farm.errors import FailureKind, TuneFailure
-from kernels import bias_gelu, matmul, reduce_sum, registry, softmax, transpose
-from kernels.cuda import SOURCE_DIR, CudaProgram
+from farm_kernels import bias_gelu, matmul, reduce_sum, registry, softmax, transpose
+from farm_kernels.cuda import SOURCE_DIR, CudaProgram
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -100,7 +100,7 @@ def test_every_cuda_source_compiles_to_ptx_without_warnings(compiled, filename: 
 def test_the_cuda_sets_are_built_planned_and_checksummed_without_importing_cupy() -> None:
     code = (
         "import sys\n"
-        "from kernels import registry\n"
+        "from farm_kernels import registry\n"
         "registry.ensure_loaded()\n"
         "for n in registry.names():\n"
         "    ts = registry.get(n).tunable('cuda')\n"

@@ -20,8 +20,8 @@ import farm
 from farm.adapter import problem_for
 from farm.errors import ConfigError
 from farm.identity import Scope
-from kernels import bias_gelu, matmul, reduce_sum, registry, softmax, transpose
-from kernels.operation import Operation
+from farm_kernels import bias_gelu, matmul, reduce_sum, registry, softmax, transpose
+from farm_kernels.operation import Operation
 
 OPERATIONS = ("matmul", "softmax", "reduce_sum", "transpose", "bias_gelu_fusion")
 PRIMES = (1, 2, 3, 7, 13, 31, 127, 257)
@@ -349,7 +349,7 @@ def helper(x):
 
 
 def build():
-    from kernels.operation import code_identity
+    from farm_kernels.operation import code_identity
 
     ts = TunableSet("doubling", signature=array_signature)
 

@@ -18,8 +18,8 @@ import pytest
 
 import farm
 from farm.errors import ConfigError
-from kernels import registry
-from kernels.registry import Registry
+from farm_kernels import registry
+from farm_kernels.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "kernels.md"
@@ -28,7 +28,7 @@ USER_MODULE = '''
 import numpy as np
 
 from farm import TunableSet, Tolerance, array_signature
-from kernels import Operation, dim
+from farm_kernels import Operation, dim
 
 scale_rows = TunableSet("scale_rows", signature=array_signature,
                         tolerance=lambda x, s: Tolerance(absolute=1e-6, relative=1e-6))
@@ -94,8 +94,8 @@ def test_the_builtin_operations_load_once_however_often_they_are_asked_for(fresh
     assert first == ("bias_gelu_fusion", "matmul", "reduce_sum", "softmax", "transpose")
     matmul = registry.get("matmul")
     registry.load_builtin()
-    registry.load_module("kernels.matmul")
-    assert registry.ensure_loaded(("kernels.softmax",)) == first
+    registry.load_module("farm_kernels.matmul")
+    assert registry.ensure_loaded(("farm_kernels.softmax",)) == first
     assert registry.get("matmul") is matmul
 
 
@@ -114,7 +114,7 @@ def test_an_operation_from_a_temporary_module_is_registered_built_and_tuned(fres
 
 
 def test_a_module_that_registers_at_import_is_loaded_once(fresh: Registry, write_module) -> None:
-    source = USER_MODULE.replace("OPERATIONS = [", "from kernels import register\n\nregister(").replace(
+    source = USER_MODULE.replace("OPERATIONS = [", "from farm_kernels import register\n\nregister(").replace(
         "make=make),\n]", "make=make))"
     )
     name = write_module(source)
@@ -136,7 +136,7 @@ def test_a_second_operation_with_a_taken_name_is_rejected_naming_the_operation(f
 def test_a_user_operation_cannot_take_a_builtin_name(fresh: Registry, write_module) -> None:
     registry.ensure_loaded()
     name = write_module(USER_MODULE.replace('Operation("scale_rows"', 'Operation("matmul"'))
-    with pytest.raises(ConfigError, match=r"operation 'matmul' is already registered \(from kernels.matmul\)"):
+    with pytest.raises(ConfigError, match=r"operation 'matmul' is already registered \(from farm_kernels.matmul\)"):
         registry.ensure_loaded([name])
 
 
@@ -218,7 +218,7 @@ def test_the_builtin_checksums_are_the_same_in_a_fresh_process(fresh: Registry) 
     registry.ensure_loaded()
     here = {name: [registry.get(name).tunable(k).checksum() for k in ("cpu", "cuda")] for name in registry.names()}
     code = (
-        "from kernels import registry; registry.ensure_loaded(); "
+        "from farm_kernels import registry; registry.ensure_loaded(); "
         "print({n: [registry.get(n).tunable(k).checksum() for k in ('cpu', 'cuda')] for n in registry.names()})"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, timeout=60)

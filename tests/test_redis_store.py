@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from farm.settings import Settings
 from farm.stores.base import DecisionRecord, replaces
 from farm.stores.redis import RedisDecisions, field_for
+from farm_fleet.settings import Settings
 
 FINGERPRINT = "8:backend16:device-class-text"
 

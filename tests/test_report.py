@@ -24,7 +24,7 @@ workloads = [{ n = 2000, dtype = "float64" }, { n = 17, dtype = "float64" }, { n
 def archive_from_embedded_run(tmp_path):
     """Tune a small catalog with the embedded farm, then archive its cache directory by hand."""
     cache = tmp_path / "cache"
-    done = subprocess.run([sys.executable, "-m", "farm.cli", "tune", str(write_catalog(tmp_path / "c.toml", CATALOG)),
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(write_catalog(tmp_path / "c.toml", CATALOG)),
                            "--cache-dir", str(cache), "--kernels", "farm_testops"],
                           capture_output=True, text=True, env=farm_env(), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -43,7 +43,7 @@ def archive_from_embedded_run(tmp_path):
 def test_the_report_is_one_self_contained_page_with_every_problem(tmp_path):
     archive = archive_from_embedded_run(tmp_path)
     out = tmp_path / "report.html"
-    done = subprocess.run([sys.executable, "-m", "farm.cli", "report", "--archive", str(archive.parent),
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "report", "--archive", str(archive.parent),
                            "--out", str(out)], capture_output=True, text=True, env=farm_env(), timeout=120)
     assert done.returncode == 0, done.stderr
     assert "3 problems written" in done.stdout
@@ -65,7 +65,7 @@ def test_the_report_is_one_self_contained_page_with_every_problem(tmp_path):
 
 def test_a_missing_archive_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
-    done = subprocess.run([sys.executable, "-m", "farm.cli", "report", "--archive", str(tmp_path / "empty"),
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "report", "--archive", str(tmp_path / "empty"),
                            "--out", str(tmp_path / "r.html")], capture_output=True, text=True, env=farm_env(),
                           timeout=120)
     assert done.returncode == 2

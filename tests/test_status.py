@@ -9,12 +9,12 @@ import time
 
 from servers import farm_env
 
-from coordinator.runlog import RedisRunLog
-from coordinator.status import collect
-from farm import presence
-from farm.settings import Settings
 from farm.stores.base import DecisionRecord
 from farm.stores.redis import RedisDecisions
+from farm_coordinator.runlog import RedisRunLog
+from farm_coordinator.status import collect
+from farm_fleet import presence
+from farm_fleet.settings import Settings
 
 FP = "fingerprint-text-of-a-gpu-model"
 
@@ -57,7 +57,7 @@ def test_status_reports_states_queues_decisions_and_runs(redis_srv, redis_db):
 
 def test_the_status_command_prints_json_for_scripts(redis_srv, redis_db):
     presence.announce(redis_db, Settings(prefix="st"), worker("a", presence.HEALTHY, time.time()))
-    done = subprocess.run([sys.executable, "-m", "farm.cli", "status", "--redis", redis_srv.url(1), "--json"],
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "status", "--redis", redis_srv.url(1), "--json"],
                           capture_output=True, text=True, env=farm_env({"FARM_PREFIX": "st"}), timeout=60)
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
@@ -67,7 +67,7 @@ def test_the_status_command_prints_json_for_scripts(redis_srv, redis_db):
 def test_the_status_command_says_when_redis_is_unreachable():
     from servers import free_port
 
-    done = subprocess.run([sys.executable, "-m", "farm.cli", "status", "--redis", f"redis://127.0.0.1:{free_port()}/0"],
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "status", "--redis", f"redis://127.0.0.1:{free_port()}/0"],
                           capture_output=True, text=True, env=farm_env(), timeout=60)
     assert done.returncode == 2
     assert "cannot reach Redis" in done.stderr

@@ -9,12 +9,12 @@ import pytest
 from farm import HostClient, TunableSet, array_signature
 from farm.environment import runtime_environment
 from farm.policy import StackPolicy
-from farm.protocol import STATUS_FAILED, STATUS_OK, GroupTask, ProtocolError
-from farm.results import MemoryResults
-from farm.settings import Settings
-from kernels import registry
-from kernels.operation import Operation, dim
-from workers.tasks import DeviceQuarantined, WorkerContext, run_group, run_groups
+from farm_fleet.protocol import STATUS_FAILED, STATUS_OK, GroupTask, ProtocolError
+from farm_fleet.results import MemoryResults
+from farm_fleet.settings import Settings
+from farm_kernels import registry
+from farm_kernels.operation import Operation, dim
+from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_group, run_groups
 
 POLICY = StackPolicy(samples=3, warmups=1, budget=5.0).to_dict()
 

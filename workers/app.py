@@ -1,7 +1,7 @@
-"""The farm's Celery app (``celery -A workers.app ...``; ``farm flower`` points Flower at it).
+"""The farm's Celery app (``celery -A farm_workers.app ...``; ``farm flower`` points Flower at it).
 
-Configuration comes from ``farm.celeryconf`` (JSON only, late ack, prefetch 1, events on). The task
-``farm.run_groups`` runs :func:`workers.tasks.run_groups` (a batch of group tasks) in the worker's pool process, whose context (device
+Configuration comes from ``farm_fleet.celeryconf`` (JSON only, late ack, prefetch 1, events on). The task
+``farm.run_groups`` runs :func:`farm_workers.tasks.run_groups` (a batch of group tasks) in the worker's pool process, whose context (device
 client, Redis results) is built on first use in that process, after pinning, so CUDA initializes there only.
 """
 
@@ -13,12 +13,12 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-from farm import presence
-from farm.celeryconf import celery_config
-from farm.protocol import GROUP_TASK, PING_TASK
 from farm.runtimes.base import client_for
-from farm.settings import Settings
-from workers.tasks import DeviceQuarantined, WorkerContext, run_groups
+from farm_fleet import presence
+from farm_fleet.celeryconf import celery_config
+from farm_fleet.protocol import GROUP_TASK, PING_TASK
+from farm_fleet.settings import Settings
+from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
 
 DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
 WORKER_ID_VARIABLE = "FARM_WORKER_ID"
@@ -31,8 +31,8 @@ def worker_context(settings: Settings) -> WorkerContext:
     """This process's context, created once: the pinned device's client and the shared results store."""
     global _context
     if _context is None:
-        from farm.results import RedisResults
         from farm.stores.redis import connect
+        from farm_fleet.results import RedisResults
 
         if not settings.redis_url:
             raise RuntimeError("the worker needs FARM_REDIS_URL (decisions and results Redis)")

@@ -1,10 +1,10 @@
 """``farm flower``: Flower on the farm's broker, with HTTP basic authentication always required.
 
-Flower runs the farm's own Celery app (``workers.app.create_app``, the same configuration the workers and the
+Flower runs the farm's own Celery app (``farm_workers.app.create_app``, the same configuration the workers and the
 coordinator use), so it decodes the farm's JSON task messages and reads the task events every worker sends
 (``--events``; the coordinator sends ``task-sent``). The equivalent plain command is
 
-    FARM_BROKER_URL=redis://... celery -A workers.app flower --basic-auth=user:password
+    FARM_BROKER_URL=redis://... celery -A farm_workers.app flower --basic-auth=user:password
 
 but ``farm flower`` refuses to start without credentials, where ``celery flower`` would serve the dashboard and
 its control API (shutdown, pool restart, revoke) to anyone who can reach the port.
@@ -16,7 +16,7 @@ import os
 from collections.abc import Sequence
 
 from farm.errors import ConfigError
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 AUTH_SOURCE = "--basic-auth / FARM_FLOWER_BASIC_AUTH"
 # Options that would replace or weaken the authentication we set: they come only through --basic-auth.
@@ -60,13 +60,13 @@ def run_flower(broker: str, address: str, port: int, basic_auth: str, extra_args
     if not broker:
         raise ConfigError("farm flower", "--broker", broker, "the farm's broker URL is required (FARM_BROKER_URL)")
     argv = flower_argv(address, port, basic_auth, extra_args)
-    # As `farm worker` does: the farm's app (workers.app:app) reads its broker from the environment when first
+    # As `farm worker` does: the farm's app (farm_workers.app:app) reads its broker from the environment when first
     # imported. A second app would only re-register the same shared tasks (Celery warns about that).
     os.environ["FARM_BROKER_URL"] = broker
-    import workers.app
+    import farm_workers.app
 
-    app = workers.app.app
+    app = farm_workers.app.app
     if app.conf.broker_url != broker:  # imported earlier in this process, for another broker
-        app = workers.app.create_app(Settings.from_env(broker_url=broker))
+        app = farm_workers.app.create_app(Settings.from_env(broker_url=broker))
     status = app.start(argv=argv)
     return int(status or 0)

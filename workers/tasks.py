@@ -1,6 +1,6 @@
 """The group task: run ONE candidate group of ONE problem on this worker's device, idempotently.
 
-Celery-free on purpose: the Celery task (``workers.app``) and the embedded farm call :func:`run_group` alike.
+Celery-free on purpose: the Celery task (``farm_workers.app``) and the embedded farm call :func:`run_group` alike.
 For each candidate of the group it runs warmups, validation against the reference and the policy's paired
 alternating samples with the reference, on this same device, through the core's trial protocol
 (``farm.trials``) — the very code the in-process controller uses.
@@ -22,11 +22,17 @@ from farm.environment import farm_version, runtime_environment
 from farm.errors import ConfigError, FailureKind, TuneFailure
 from farm.identity import cache_key
 from farm.policy import StackPolicy, Tolerance
-from farm.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask, ProtocolError
-from farm.results import MemoryResults, RedisResults
 from farm.runtimes.base import ComputeClient
-from farm.settings import Settings
 from farm.trials import Outcome, ValidationUnavailable, candidate_trials, pre_trial_skip, reference_trials
+from farm_fleet.protocol import (
+    STATUS_OK,
+    STATUS_VALIDATION_UNAVAILABLE,
+    GroupResult,
+    GroupTask,
+    ProtocolError,
+)
+from farm_fleet.results import MemoryResults, RedisResults
+from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +147,7 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
 
 
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
-    from kernels import registry
+    from farm_kernels import registry
 
     registry.ensure_loaded((*ctx.kernels, *task.kernels))
     if task.fingerprint != ctx.digest:
@@ -161,7 +167,7 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
         reference_times = reference_trials(runner, policy, 0, names[0])
     except ValidationUnavailable:
         return GroupResult(task.run, task.problem_id, task.group, STATUS_VALIDATION_UNAVAILABLE,
-                           trial_seconds=time.monotonic() - started, **common)  # type: ignore[arg-type]
+                           trial_seconds=time.monotonic() - started, **common)
     deadline = time.monotonic() + policy.budget
     outcomes: list[Outcome] = []
     for impl_index in task.indices:
@@ -182,5 +188,5 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
         task.run, task.problem_id, task.group, STATUS_OK, reference_times=tuple(reference_times),
-        outcomes=tuple(outcomes), trial_seconds=time.monotonic() - started, **common,  # type: ignore[arg-type]
+        outcomes=tuple(outcomes), trial_seconds=time.monotonic() - started, **common,
     )

@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any
 
-from farm import presence
 from farm.environment import farm_version, runtime_environment
 from farm.errors import ConfigError
 from farm.runtimes.base import client_for, parse_device
-from farm.settings import Settings
+from farm_fleet import presence
+from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def pin(device: str) -> str:
 def probe(device: str) -> dict[str, Any]:
     """Fingerprint and model of the (pinned) device, probed in a child process for CUDA."""
     if device.startswith("cuda"):
-        code = "import json,sys; from workers.worker import probe_here; print(json.dumps(probe_here(sys.argv[1])))"
+        code = "import json,sys; from farm_workers.worker import probe_here; print(json.dumps(probe_here(sys.argv[1])))"
         out = subprocess.run([sys.executable, "-c", code, device], check=True, capture_output=True, text=True)
         data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         return data
@@ -64,7 +64,7 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     """Run the worker until it is stopped; return its exit code."""
     if not settings.broker_url or not settings.redis_url:
         raise ConfigError("farm worker", "--broker/--redis", None, "both the broker URL and the Redis URL are required")
-    from kernels import registry
+    from farm_kernels import registry
 
     registry.ensure_loaded(kernels)  # fail early on a bad --kernels module
     pinned = pin(device)
@@ -82,7 +82,7 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     queues = [settings.fingerprint_queue(identity["digest"]), settings.worker_queue(worker_id)]
 
     from farm.stores.redis import connect
-    from workers.app import create_app
+    from farm_workers.app import create_app
 
     app = create_app(settings)
     redis_client = connect(settings.redis_url, timeout=10.0)

@@ -5,8 +5,27 @@ lazily) and ``archive`` (Parquet archives per fingerprint; imports pyarrow lazil
 modules: ``from farm.stores.archive import ArchiveStore``.
 """
 
+from pathlib import Path
+
 from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
 
-__all__ = ["SCHEMA_VERSION", "CorruptRecord", "DecisionRecord", "DecisionStore", "DiskStore", "MemoryStore"]
+
+def open_fleet_source(source: DecisionStore | str | Path) -> DecisionStore:
+    """A fleet tier from a store, a Redis URL or an archive directory (Redis and pyarrow load lazily)."""
+    if isinstance(source, str) and source.split("://", 1)[0] in ("redis", "rediss", "unix"):
+        from farm.stores.redis import RedisDecisions
+
+        return RedisDecisions(source)
+    if isinstance(source, (str, Path)):
+        from farm.stores.archive import ArchiveStore
+
+        return ArchiveStore(Path(source))
+    return source
+
+
+__all__ = [
+    "SCHEMA_VERSION", "CorruptRecord", "DecisionRecord", "DecisionStore", "DiskStore", "MemoryStore",
+    "open_fleet_source",
+]

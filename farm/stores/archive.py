@@ -93,7 +93,7 @@ _DECISION_GETTER = operator.itemgetter(*DECISION_FIELDS)
 _FREE_COLUMNS = ("problem_id", "record_json")
 _CHECKED_GETTER = operator.itemgetter(*(name for name in DECISION_FIELDS if name not in _FREE_COLUMNS))
 
-# The trial row fields (coordinator.aggregate.TRIAL_FIELDS, which the tests keep equal) with their types.
+# The trial row fields (farm_coordinator.aggregate.TRIAL_FIELDS, which the tests keep equal) with their types.
 TRIAL_TYPES: tuple[tuple[str, str], ...] = (
     ("run", "string"), ("problem_id", "string"), ("group", "string"), ("role", "string"), ("candidate", "string"),
     ("candidate_index", "int32"), ("verdict", "string"), ("note", "string"), ("pair", "int32"),

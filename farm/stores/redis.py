@@ -11,19 +11,59 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.identity import key_environment
-from farm.settings import Settings
 from farm.stores.base import CorruptRecord, DecisionRecord
 
 log = logging.getLogger(__name__)
 FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Where decision data lives in Redis: every key starts with ``prefix`` (``FARM_PREFIX``, default "farm").
+
+    The fleet's settings extend it with the fleet's own keys; a runtime reading decisions needs only this."""
+
+    prefix: str = "farm"
+    events_maxlen: int = 10000
+
+    @classmethod
+    def from_env(cls) -> KeyLayout:
+        return cls(prefix=os.environ.get("FARM_PREFIX") or "farm")
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def decisions_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: sha256(cache key) -> decision record JSON."""
+        return self.key("decisions", fingerprint_digest)
+
+    @property
+    def fingerprints_key(self) -> str:
+        """Hash: fingerprint digest -> full fingerprint text."""
+        return self.key("fingerprints")
+
+    @property
+    def events_key(self) -> str:
+        """Stream of decision updates."""
+        return self.key("events")
+
+    def trials_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: sha256(cache key) -> JSON list of the trial rows behind the decision."""
+        return self.key("trials", fingerprint_digest)
+
+    def problems_key(self, fingerprint_digest: str) -> str:
+        """Hash per fingerprint: problem id -> sha256(cache key) of its published decision."""
+        return self.key("problems", fingerprint_digest)
 
 
 def field_for(cache_key: str) -> str:
@@ -54,7 +94,7 @@ class RedisDecisions:
     """
 
     def __init__(
-        self, url: str | None = None, *, client: Any = None, settings: Settings | None = None,
+        self, url: str | None = None, *, client: Any = None, settings: KeyLayout | None = None,
         timeout: float = 0.5, backoff: float = 1.0,
     ) -> None:
         if client is None:
@@ -62,7 +102,7 @@ class RedisDecisions:
                 raise ValueError("RedisDecisions needs a url or a client")
             client = connect(url, timeout, retries=False)
         self.client = client
-        self.settings = settings or Settings.from_env()
+        self.settings = settings or KeyLayout.from_env()
         self._backoff_initial = backoff
         self._backoff = backoff
         self._down_until = 0.0

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 HEALTHY = "healthy"
 BUSY = "busy"

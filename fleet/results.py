@@ -10,8 +10,8 @@ import json
 import threading
 from typing import Any
 
-from farm.protocol import GroupResult
-from farm.settings import Settings
+from farm_fleet.protocol import GroupResult
+from farm_fleet.settings import Settings
 
 
 class MemoryResults:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

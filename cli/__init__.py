@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from farm.errors import FarmError
-from farm.settings import Settings
+from farm_fleet.settings import Settings
 
 KERNELS_HELP = "Import operations from this module (repeatable); also discovered: the farm.kernels entry points."
 
@@ -47,9 +47,9 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
     """Tune every problem of CATALOG on the fleet (or, without --broker, on this machine)."""
     from rich.console import Console
 
-    from coordinator.catalog import load_catalog
-    from coordinator.run import summary_table
-    from coordinator.run import tune as run_tune
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import summary_table
+    from farm_coordinator.run import tune as run_tune
 
     settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
     with _errors():
@@ -77,7 +77,7 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str) -> None:
     """Run one worker process pinned to DEVICE."""
-    from workers.worker import run_worker
+    from farm_workers.worker import run_worker
 
     with _errors():
         sys.exit(run_worker(device, Settings.from_env(broker_url=broker, redis_url=redis_url), kernels, loglevel))
@@ -91,8 +91,8 @@ def status(redis_url: str, broker: str | None, as_json: bool) -> None:
     """Workers per fingerprint and their state, queue depths, decisions, and tuning runs with progress."""
     from rich.console import Console
 
-    from coordinator.status import collect, render
     from farm.stores.redis import connect
+    from farm_coordinator.status import collect, render
 
     settings = Settings.from_env(redis_url=redis_url, broker_url=broker)
     with _errors():
@@ -116,7 +116,7 @@ def status(redis_url: str, broker: str | None, as_json: bool) -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
 def report(archive: Path, out: Path) -> None:
     """Write a self-contained HTML report of an archive's decisions: why each kernel won."""
-    from coordinator.report import write_report
+    from farm_coordinator.report import write_report
 
     with _errors():
         count = write_report(archive, out)
@@ -132,24 +132,24 @@ def report(archive: Path, out: Path) -> None:
 @click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
 def flower(broker: str, address: str, port: int, basic_auth: str, flower_args: tuple[str, ...]) -> None:
     """Run Flower against the farm's broker, with basic authentication required."""
-    from workers.flower import run_flower
+    from farm_workers.flower import run_flower
 
     with _errors():
         sys.exit(run_flower(broker, address, port, basic_auth, flower_args))
 
 
 def _celery_parts(settings: Settings) -> dict[str, Any]:
-    """The coordinator's parts for a Celery fleet: keyword arguments of ``coordinator.run.tune``."""
+    """The coordinator's parts for a Celery fleet: keyword arguments of ``farm_coordinator.run.tune``."""
     from celery import Celery
 
-    from coordinator.dispatch import CeleryDispatcher
-    from coordinator.fleet import RedisFleet
-    from coordinator.leases import RedisLeases
-    from coordinator.runlog import RedisRunLog
-    from coordinator.sinks import RedisSink
-    from farm.celeryconf import celery_config
-    from farm.results import RedisResults
     from farm.stores.redis import RedisDecisions, connect
+    from farm_coordinator.dispatch import CeleryDispatcher
+    from farm_coordinator.fleet import RedisFleet
+    from farm_coordinator.leases import RedisLeases
+    from farm_coordinator.runlog import RedisRunLog
+    from farm_coordinator.sinks import RedisSink
+    from farm_fleet.celeryconf import celery_config
+    from farm_fleet.results import RedisResults
 
     if not settings.redis_url:
         raise FarmError("--redis (or FARM_REDIS_URL) is required with --broker")
@@ -170,13 +170,13 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
 def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
                     kernels: tuple[str, ...]) -> dict[str, Any]:
     """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
-    from coordinator.dispatch import LocalDispatcher
-    from coordinator.fleet import LocalFleet
-    from coordinator.sinks import DirectorySink
-    from farm.protocol import GroupResult, GroupTask
-    from farm.results import MemoryResults
     from farm.runtimes.base import client_for
-    from workers.tasks import WorkerContext, run_group
+    from farm_coordinator.dispatch import LocalDispatcher
+    from farm_coordinator.fleet import LocalFleet
+    from farm_coordinator.sinks import DirectorySink
+    from farm_fleet.protocol import GroupResult, GroupTask
+    from farm_fleet.results import MemoryResults
+    from farm_workers.tasks import WorkerContext, run_group
 
     results = MemoryResults()
     contexts = {}
@@ -245,7 +245,7 @@ def _one_source(**given: Any) -> None:
 @click.option("--fingerprint", help="Only this fingerprint (digest, digest prefix or full text).")
 def archive_export(redis_url: str | None, from_cache: Path | None, out: Path, fingerprint: str | None) -> None:
     """Write the decisions of every fingerprint (or one) to OUT/<digest>/, atomically per fingerprint."""
-    from coordinator.archive import export_cache, export_redis
+    from farm_coordinator.archive import export_cache, export_redis
 
     with _archive_errors():
         _one_source(redis=redis_url, from_cache=from_cache)
@@ -279,7 +279,7 @@ def archive_import(archive_dir: Path, redis_url: str | None, into_cache: Path | 
                    device: str, force: bool) -> None:
     """Import ARCHIVE_DIR (one archive folder or a folder of them): everything is verified first, then all of it
     is written at once, or nothing is."""
-    from coordinator.archive import import_cache, import_redis, load_archives
+    from farm_coordinator.archive import import_cache, import_redis, load_archives
 
     with _archive_errors():
         _one_source(redis=redis_url, into_cache=into_cache)
@@ -318,7 +318,7 @@ def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> 
     """Verify ARCHIVE_DIR and show its decisions."""
     from rich.console import Console
 
-    from coordinator.archive import inspect_rows, inspect_table, load_archives
+    from farm_coordinator.archive import inspect_rows, inspect_table, load_archives
 
     with _archive_errors():
         archives = load_archives(archive_dir)
@@ -334,7 +334,7 @@ def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> 
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 def archive_merge(out: Path, inputs: tuple[Path, ...]) -> None:
     """Merge archives of one fingerprint into OUT/<digest>/ under the replacement rule."""
-    from coordinator.archive import merge_archives
+    from farm_coordinator.archive import merge_archives
 
     with _archive_errors():
         if len(inputs) < 2:
@@ -353,7 +353,7 @@ def archive_diff(a: Path, b: Path, as_json: bool) -> None:
     """What changed from archive A to archive B: new, dropped and changed winners, with ratios."""
     from rich.console import Console
 
-    from coordinator.archive import diff_archives, diff_table
+    from farm_coordinator.archive import diff_archives, diff_table
 
     with _archive_errors():
         diff = diff_archives(a, b)

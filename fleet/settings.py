@@ -11,15 +11,16 @@ from typing import Any
 
 from farm.errors import ConfigError
 from farm.policy import StackPolicy
+from farm.stores.redis import KeyLayout
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Farm-wide settings. ``prefix`` namespaces every Redis key the farm writes."""
+class Settings(KeyLayout):
+    """Farm-wide settings. ``prefix`` (from :class:`~farm.stores.redis.KeyLayout`) namespaces every Redis key the
+    farm writes; the decision keys are the core's layout, the keys below are the fleet's own."""
 
     broker_url: str | None = None
     redis_url: str | None = None
-    prefix: str = "farm"
     heartbeat_seconds: float = 5.0
     heartbeat_ttl: float = 20.0
     max_attempts: int = 3
@@ -30,7 +31,6 @@ class Settings:
     batch_target_seconds: float = 0.25
     soft_limit_floor: float = 10.0
     visibility_timeout: float = 3600.0
-    events_maxlen: int = 10000
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -50,32 +50,7 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
 
-    # -- Redis key layout ---------------------------------------------------------------------------------
-
-    def key(self, *parts: str) -> str:
-        return ":".join((self.prefix, *parts))
-
-    def decisions_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: sha256(cache key) -> decision record JSON."""
-        return self.key("decisions", fingerprint_digest)
-
-    @property
-    def fingerprints_key(self) -> str:
-        """Hash: fingerprint digest -> full fingerprint text."""
-        return self.key("fingerprints")
-
-    @property
-    def events_key(self) -> str:
-        """Stream of decision updates."""
-        return self.key("events")
-
-    def trials_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: sha256(cache key) -> JSON list of the trial rows behind the decision."""
-        return self.key("trials", fingerprint_digest)
-
-    def problems_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: problem id -> sha256(cache key) of its published decision."""
-        return self.key("problems", fingerprint_digest)
+    # -- the fleet's own keys ------------------------------------------------------------------------------
 
     def worker_key(self, worker_id: str) -> str:
         """Hash per worker, expiring: host, device, fingerprint, model, version, state."""
