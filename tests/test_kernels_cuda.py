@@ -262,6 +262,8 @@ def test_the_small_gpu_benchmark_tunes_every_cuda_workload_of_the_catalog(cuda_c
     spec = importlib.util.spec_from_file_location("kernels_bench", ROOT / "bench" / "kernels_host.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
+    # Registered before it runs: its dataclasses look their module up in sys.modules (else AttributeError).
+    sys.modules.setdefault("kernels_bench", bench)
     spec.loader.exec_module(bench)
     catalog = tomllib.loads((ROOT / "examples" / "catalog.toml").read_text(encoding="utf-8"))
     catalog["policy"] = dict(catalog.get("policy", {}), samples=3, warmups=1)

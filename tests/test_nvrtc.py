@@ -170,3 +170,27 @@ def test_cupys_own_nvrtc_bindings_give_the_same_kernels(compiled) -> None:
     finally:
         cupy_nvrtc.destroyProgram(handle)
     assert theirs == cubin.kernels(result(compiled, "softmax.cu", "sm_90").cubin)
+
+
+@pytest.mark.gpu
+def test_on_the_device_cupys_loaded_kernels_have_the_resources_read_from_the_cubin_and_fit_every_launch(launches) -> None:
+    """What the driver says of each kernel CuPy compiled and loaded (RawModule) against the cubin read here."""
+    import cupy
+
+    require_nvrtc()
+    arch = f"sm_{cupy.cuda.Device().compute_capability}"
+    ours = {}
+    for program in PROGRAMS.values():
+        ours.update(cubin.kernels(nvrtc.compile_program(program, arch).cubin))
+    problems = []
+    for (name, block, _shared), where in sorted(launches.items()):
+        program = next(p for p in PROGRAMS.values() if name in p.entry_names())
+        function = program.function(name)
+        threads = block[0] * block[1] * block[2]
+        if threads > function.max_threads_per_block:
+            problems.append(f"{where}: {threads} threads > the driver's {function.max_threads_per_block} for {name}")
+        if function.num_regs != ours[name].registers:
+            problems.append(f"{name}: {function.num_regs} registers on the device, {ours[name].registers} read here")
+        if function.shared_size_bytes not in (ours[name].shared, ours[name].shared - SM90_RESERVED_SHARED):
+            problems.append(f"{name}: {function.shared_size_bytes} bytes shared on the device, {ours[name].shared} read here")
+    assert not problems, f"NVRTC {nvrtc.version()} here, CuPy {cupy.__version__}:\n" + "\n".join(problems)
