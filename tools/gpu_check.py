@@ -128,28 +128,34 @@ def missing_modules() -> list[str]:
 
 def setup(part: Part, logs: Path, deadline: float) -> None:
     log = logs / "setup.log"
-    steps: list[list[str]] = []
     if not VPY.exists():
-        steps.append([sys.executable, "-m", "venv", "--system-site-packages", str(VENV)])
-    steps.append([str(VPY), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(ROOT)])
-    for cmd in steps:
-        code, why = run_limited(cmd, log, deadline)
+        code, why = run_limited([sys.executable, "-m", "venv", "--system-site-packages", str(VENV)], log, deadline)
         if code != 0:
-            part.status, part.note = why or f"failed (rc {code})", f"{' '.join(cmd[:4])}: see logs/setup.log"
+            part.status, part.note = why or f"failed (rc {code})", "cannot create .venv-gpu: see logs/setup.log"
             return
+        inherit_site_packages()
+    code, why = run_limited([str(VPY), "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "-e", str(ROOT)],
+                            log, deadline)
+    if why:
+        part.status, part.note = why, "pip install -e: see logs/setup.log"
+        return
+    if code != 0:
+        link_sources()
+        part.note = "sources linked (pip install -e failed: see logs/setup.log)"
     missing = missing_modules()
     if missing:
         source = ["--no-index", "--find-links", str(WHEELS)] if WHEELS.is_dir() else ["--timeout", "10", "--retries", "1"]
         code, why = run_limited([str(VPY), "-m", "pip", "install", "-q", *source, *(NEEDS[m] for m in missing)], log, deadline)
         still = missing_modules()
-        part.note = f"installed {', '.join(sorted(set(missing) - set(still))) or 'nothing'}"
+        part.note = "; ".join(filter(None, [part.note, f"installed {', '.join(sorted(set(missing) - set(still))) or 'nothing'}"]))
         if still:
             part.status, part.note = why or "failed", part.note + f"; still missing: {', '.join(still)}"
             return
     if shutil.which("redis-server") is None and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run_limited(["apt-get", "install", "-y", "-qq", "redis-server"], log, deadline, env=env)
-    part.note += "; redis-server " + ("found" if shutil.which("redis-server") else "missing: the farm part runs embedded")
+    redis = "redis-server " + ("found" if shutil.which("redis-server") else "missing: the farm part runs embedded")
+    part.note = "; ".join(filter(None, [part.note, redis]))
     part.status = "ok"
 
 
@@ -161,6 +167,35 @@ def prepare_wheels(python: str = "3.12") -> int:
            "--implementation", "cp", *platforms, "-d", str(WHEELS), "celery>=5.4", "redis>=5", "pytest-timeout>=2.3"]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+def link_sources() -> None:
+    """The project without pip (no setuptools/wheel offline): its folders linked under their import names
+    (pyproject's package-dir) on .venv-gpu's path, and a ``farm`` script. Its version then reads 0+unknown."""
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-dir"]
+    src = VENV / "src"
+    src.mkdir(exist_ok=True)
+    for name, folder in package_dir.items():
+        link = src / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(ROOT / folder, target_is_directory=True)
+    site_packages = next((VENV / "lib").glob("python*/site-packages"))
+    (site_packages / "_gpu_check_sources.pth").write_text(f"{src}\n", encoding="utf-8")
+    script = VENV / "bin" / "farm"
+    script.write_text(f"#!{VPY}\nimport sys\nfrom farm_cli import main\nsys.exit(main())\n", encoding="utf-8")
+    script.chmod(0o755)
+
+
+def inherit_site_packages() -> None:
+    """When this runs inside a virtual environment (a GPU image's Python often is one: its CuPy lives there, not in
+    the base interpreter that --system-site-packages reaches), .venv-gpu sees that environment's packages too."""
+    if sys.prefix == sys.base_prefix:
+        return
+    import site
+
+    target = next((VENV / "lib").glob("python*/site-packages"))
+    (target / "_gpu_check_parent.pth").write_text("\n".join(site.getsitepackages()) + "\n", encoding="utf-8")
 
 
 def environment(out: Path) -> dict[str, str]:

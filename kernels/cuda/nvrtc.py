@@ -37,20 +37,23 @@ class NvrtcError(RuntimeError):
 
 
 def library_path() -> str | None:
-    """Where libnvrtc is: ``$FARM_NVRTC_LIBRARY``, the ``nvidia-cuda-nvrtc-cu12`` wheel, or the system's."""
+    """Where libnvrtc is: ``$FARM_NVRTC_LIBRARY``, an NVIDIA wheel (``nvidia-cuda-nvrtc-cu12`` and the like, any
+    layout under the ``nvidia`` package), the toolkit under ``$CUDA_HOME`` or ``/usr/local/cuda``, or the system's."""
     explicit = os.environ.get(LIBRARY_ENV)
     if explicit:
         return explicit
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
-    except ModuleNotFoundError:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
         spec = None
-    for folder in spec.submodule_search_locations or () if spec is not None else ():
-        found = sorted((Path(folder) / "lib").glob("libnvrtc.so.*"))
-        found = [p for p in found if ".alt." not in p.name]
+    folders = [Path(f) for f in (spec.submodule_search_locations or ())] if spec is not None else []
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    for folder in folders:
+        found = sorted(p for p in folder.glob("*/lib/libnvrtc.so.*") if ".alt." not in p.name and p.name.count(".") == 2)
         if found:
-            return str(found[0])
-    return ctypes.util.find_library("nvrtc")
+            return str(found[-1])
+    toolkit = sorted(p for p in Path(home, "lib64").glob("libnvrtc.so.*") if p.name.count(".") == 2)
+    return str(toolkit[-1]) if toolkit else ctypes.util.find_library("nvrtc")
 
 
 def load() -> ctypes.CDLL:
