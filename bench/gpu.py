@@ -15,7 +15,7 @@ stopped at its time limit keeps everything it finished; ``OUT/bench.md`` renders
 benchmark stops starting new work at ``--deadline`` seconds. ``--device cpu`` runs the same code on the host
 client (a smoke test of this script without a GPU; host numbers mean nothing for the GPU question).
 
-    python bench/gpu.py --out gpu-report/bench [--deadline 150] [--device cuda]
+    python bench/gpu.py [--out gpu-report/bench] [--deadline 150] [--device cuda] [--require-device]
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def read_rows(folder: Path) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for bench.jsonl and bench.md")
+    parser.add_argument("--out", type=Path, default=ROOT / "gpu-report" / "bench", help="folder for bench.jsonl and bench.md")
+    parser.add_argument("--require-device", action="store_true", help="fail (instead of skipping) without a CUDA device")
     parser.add_argument("--catalog", type=Path, default=DEFAULT_CATALOG)
     parser.add_argument("--deadline", type=float, default=150.0, help="seconds after which no new work starts")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -200,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         catalog["problems"] = [p for p in catalog["problems"] if p["operation"] in args.operation]
     registry.ensure_loaded()
     if args.device == "cuda":
-        from farm.runtimes.cuda import CudaClient
+        from farm.runtimes.cuda import CudaClient, device_count
+
+        if device_count() == 0 and not args.require_device:
+            print("bench/gpu.py: no CUDA device here: skipped (python3 tools/dev.py gpu-check runs it on a GPU machine)")
+            return 0
 
         client: ComputeClient = CudaClient(0)
     else:

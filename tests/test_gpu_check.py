@@ -32,7 +32,7 @@ def test_the_dry_run_prints_every_part_with_its_limit_within_eight_minutes_and_r
     limits = {name: float(s) for name, s in re.findall(r"^\[(\w+)\] at most (\d+) s$", done.stdout, re.M)}
     assert list(limits) == ["setup", "pytest", "bench", "farm"]
     assert sum(limits.values()) <= 480 and "at most 480 s in all" in done.stdout
-    for needle in ("-m pytest -m gpu", "tests/test_gpu_runtime.py", "bench/gpu.py --out", "farm worker --device cuda:0",
+    for needle in ("-m pytest -m gpu", "tests/test_gpu_runtime.py", "bench/gpu.py --require-device --out", "farm worker --device cuda:0",
                    "farm archive export", "cupy-cuda12x", "redis-server"):
         assert needle in done.stdout, needle
     assert not out.exists()

@@ -79,7 +79,7 @@ def plan(out: Path) -> list[tuple[str, float, list[str]]]:
             f"{py} -m pip install [--no-index --find-links {WHEELS}] <missing of: {', '.join(NEEDS.values())}>",
             "apt-get install -y redis-server  (if redis-server is not on the PATH)"]),
         ("pytest", LIMITS["pytest"], [f"{py} -m pytest -m gpu -q --junitxml {out}/pytest.xml {' '.join(gpu_test_files())}"]),
-        ("bench", LIMITS["bench"], [f"{py} bench/gpu.py --out {out}/bench --deadline {LIMITS['bench'] - 25:.0f}"]),
+        ("bench", LIMITS["bench"], [f"{py} bench/gpu.py --require-device --out {out}/bench --deadline {LIMITS['bench'] - 25:.0f}"]),
         ("farm", LIMITS["farm"], [
             f"redis-server --port <free> --bind 127.0.0.1 --dir {out}/farm (private)",
             f"{farm} worker --device cuda:0 --broker redis://127.0.0.1:<port>/0 --redis redis://127.0.0.1:<port>/1",
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd = {
                 "pytest": [str(VPY), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--junitxml",
                            str(out / "pytest.xml"), *gpu_test_files()],
-                "bench": [str(VPY), "bench/gpu.py", "--out", str(out / "bench"), "--deadline", f"{max(10.0, deadline - begin - 25):.0f}"],
+                "bench": [str(VPY), "bench/gpu.py", "--require-device", "--out", str(out / "bench"), "--deadline", f"{max(10.0, deadline - begin - 25):.0f}"],
                 "farm": [str(VPY), str(Path(__file__).resolve()), "--out", str(out / "farm"), "--python", str(VPY),
                          "--farm-part", f"{deadline - begin - 10:.0f}"],
             }[part.name]
