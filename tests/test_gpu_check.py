@@ -19,6 +19,7 @@ from conftest import IN_CI
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_check  # noqa: E402
+import gpu_farm  # noqa: E402
 
 
 def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -69,8 +70,21 @@ def test_the_farm_part_publishes_and_exports_decisions_with_a_real_worker(tmp_pa
     exported = list((out / "archive").iterdir())
     assert len(exported) == 1 and any(exported[0].iterdir())
     assert json.loads((out / "status.json").read_text())
-    table = "\n".join(gpu_check.farm_summary(out))
+    table = "\n".join(gpu_farm.farm_summary(out))
     assert "5 decisions; archive exported" in table and "| matmul |" in table
+
+
+def test_without_a_redis_server_the_farm_part_runs_the_embedded_farm_and_exports(tmp_path) -> None:
+    if (gpu_check.WHEELS / "redis").exists():
+        pytest.skip("a carried redis-server is in .gpu-wheels/")
+    out = tmp_path / "farm"
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no redis-server on it
+    done = subprocess.run([sys.executable, "tools/gpu_check.py", "--python", sys.executable, "--out", str(out), "--farm-part",
+                           "150", "--farm-device", "cpu:0"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "the embedded farm tunes the catalog" in done.stdout
+    assert len(json.loads((out / "decisions.json").read_text())["decisions"]) == 5
+    assert len(list((out / "archive").iterdir())) == 1 and not (out / "worker.log").exists()
 
 
 def test_the_gpu_benchmark_runs_its_parts_on_the_host_client_and_stops_at_its_deadline(tmp_path) -> None:

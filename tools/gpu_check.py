@@ -11,9 +11,9 @@ Parts, each under its own time limit (``--dry-run`` prints them), all within ``T
 2. **pytest**: ``pytest -m gpu`` over the test files that have GPU tests (JUnit XML kept).
 3. **bench**: ``bench/gpu.py``: trial overhead of END_TO_END and DEVICE timing against CUDA-event kernel time, and
    the winners by shape of the five operations with their ratios to the CuPy/cuBLAS references.
-4. **farm**: a private redis-server, one ``farm worker --device cuda:0``, ``farm tune`` of the example catalog's
-   CUDA problems (decisions published), ``farm archive export`` and ``farm status``. Without redis-server, the
-   embedded farm tunes the same catalog into a cache folder, exported the same way (the summary says so).
+4. **farm** (``tools/gpu_farm.py``): a private redis-server, one ``farm worker --device cuda:0``, ``farm tune`` of
+   the example catalog's CUDA problems (decisions published), ``farm archive export`` and ``farm status``. Without
+   redis-server, the embedded farm tunes the same catalog into a cache folder, exported the same way.
 
 Everything lands in ``--out`` (default ``gpu-report/``): ``summary.md``, ``summary.json``, ``logs/<part>.log``,
 ``pytest.xml``, ``bench/``, ``farm/``. A part that outlives its limit is stopped (its process group gets SIGTERM,
@@ -26,14 +26,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from xml.etree import ElementTree
@@ -43,11 +42,10 @@ VENV = ROOT / ".venv-gpu"
 VPY = VENV / "bin" / "python"
 WHEELS = ROOT / ".gpu-wheels"
 TOTAL = 480.0
-LIMITS = {"setup": 75.0, "pytest": 105.0, "bench": 150.0, "farm": 130.0}  # + 20 s for probes and the report
+LIMITS = {"setup": 70.0, "pytest": 120.0, "bench": 140.0, "farm": 130.0}  # + 20 s for probes and the report
 # import name -> what pip installs when it is missing
 NEEDS = {"cupy": "cupy-cuda12x", "numpy": "numpy", "click": "click", "rich": "rich", "celery": "celery",
          "redis": "redis", "pyarrow": "pyarrow", "pytest": "pytest", "pytest_timeout": "pytest-timeout"}
-FARM_POLICY = {"samples": 3, "warmups": 1, "budget": 2.0}
 
 
 @dataclass
@@ -71,6 +69,8 @@ def gpu_test_files() -> list[str]:
 
 def plan(out: Path) -> list[tuple[str, float, list[str]]]:
     """(part, seconds allowed, what it runs) for --dry-run and the summary."""
+    from gpu_farm import FARM_POLICY
+
     py, farm = str(VPY), str(VENV / "bin" / "farm")
     return [
         ("setup", LIMITS["setup"], [
@@ -151,22 +151,41 @@ def setup(part: Part, logs: Path, deadline: float) -> None:
         if still:
             part.status, part.note = why or "failed", part.note + f"; still missing: {', '.join(still)}"
             return
-    if shutil.which("redis-server") is None and shutil.which("apt-get"):
+    from gpu_farm import redis_binary
+
+    if redis_binary() is None and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         run_limited(["apt-get", "install", "-y", "-qq", "redis-server"], log, deadline, env=env)
-    redis = "redis-server " + ("found" if shutil.which("redis-server") else "missing: the farm part runs embedded")
+    from gpu_farm import redis_binary
+
+    found = redis_binary()
+    redis = f"redis-server {found[0]}" if found else "no redis-server: the farm part runs embedded"
     part.note = "; ".join(filter(None, [part.note, redis]))
     part.status = "ok"
 
 
 def prepare_wheels(python: str = "3.12") -> int:
-    """On a machine with a package index: the farm's wheels for an offline GPU machine's Python into .gpu-wheels/
-    (carry that folder along; CuPy is not among them: GPU images ship one, and its wheel is too large to carry)."""
+    """On a machine with a package index: the farm's wheels for an offline GPU machine's Python into .gpu-wheels/,
+    and this machine's redis-server with its less common libraries into .gpu-wheels/redis/ (carry the folder along;
+    CuPy is not among them: GPU images ship one, and its wheel is too large to carry)."""
     platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", python,
            "--implementation", "cp", *platforms, "-d", str(WHEELS), "celery>=5.4", "redis>=5", "pytest-timeout>=2.3"]
     print("+", " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    code = subprocess.call(cmd)
+    server = shutil.which("redis-server")
+    if server is None:
+        print("gpu-check: no redis-server here to carry (the farm part then runs embedded)")
+        return code
+    folder = WHEELS / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(os.path.realpath(server), folder / "redis-server")
+    ldd = subprocess.run(["ldd", server], capture_output=True, text=True).stdout
+    for name, path in re.findall(r"^\s*(\S+) => (\S+)", ldd, re.M):
+        if name.startswith(("liblzf", "libjemalloc", "libatomic")):
+            shutil.copy2(os.path.realpath(path), folder / name)
+    print(f"gpu-check: carried {', '.join(sorted(p.name for p in folder.iterdir()))} in {folder}")
+    return code
 
 
 def link_sources() -> None:
@@ -224,91 +243,6 @@ def _git(*args: str) -> str:
         return "?"
 
 
-def farm_catalog(path: Path, kind: str) -> None:
-    """examples/catalog.toml's problems for device ``kind`` with a short policy, written as TOML (all CUDA
-    workloads; for ``cpu``, a smoke run of this part without a GPU, the first workload of each problem)."""
-    catalog = tomllib.loads((ROOT / "examples" / "catalog.toml").read_text(encoding="utf-8"))
-    lines = ["[policy]", *(f"{k} = {json.dumps(v)}" for k, v in FARM_POLICY.items()), ""]
-    for problem in catalog["problems"]:
-        if kind not in problem.get("devices", ()):
-            continue
-        workloads = problem["workloads"] if kind == "cuda" else problem["workloads"][:1]
-        lines += ["[[problems]]", f"operation = {json.dumps(problem['operation'])}", f"devices = [{json.dumps(kind)}]", "workloads = ["]
-        lines += ["  { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in w.items()) + " }," for w in workloads]
-        lines += ["]", ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines), encoding="utf-8")
-
-
-def farm_run(out: Path, limit: float, device: str = "cuda:0") -> int:
-    """The farm part (run as its own process group by the parent, so a stop takes the worker and server too)."""
-    deadline = time.monotonic() + limit
-    farm = str(VENV / "bin" / "farm") if (VENV / "bin" / "farm").exists() else shutil.which("farm") or "farm"
-    kind = device.partition(":")[0]
-    catalog = out / f"{kind}-catalog.toml"
-    farm_catalog(catalog, kind)
-    log = out / "farm.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", FARM_LOCK_DIR=str(out / "locks"))
-    tune_timeout = f"{max(10.0, limit - 45):.0f}"  # farm tune gives up on groups then; export and status follow
-    tune_deadline = deadline - 20
-    redis_bin = shutil.which("redis-server")
-    if redis_bin is None:
-        print("gpu-check: no redis-server: the embedded farm tunes the catalog", flush=True)
-        code, _ = run_limited([farm, "tune", str(catalog), "--device", device, "--cache-dir", str(out / "cache"),
-                               "--timeout", tune_timeout, "--json"], log, tune_deadline, env, stdout=out / "decisions.json")
-        run_limited([farm, "archive", "export", "--from-cache", str(out / "cache"), "--out", str(out / "archive")], log, deadline, env)
-        return code if code is not None else 124
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (out / "redis").mkdir(parents=True, exist_ok=True)
-    with (out / "redis.log").open("wb") as rlog, (out / "worker.log").open("wb") as wlog:
-        server = subprocess.Popen([redis_bin, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(out / "redis"),
-                                   "--save", "", "--appendonly", "no"], stdout=rlog, stderr=subprocess.STDOUT)
-        broker, store = f"redis://127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/1"
-        worker = None
-        try:
-            wait(lambda: _ping(port), deadline, "redis-server")
-            worker = subprocess.Popen([farm, "worker", "--device", device, "--broker", broker, "--redis", store],
-                                      stdout=wlog, stderr=subprocess.STDOUT, env=env, cwd=out)
-            wait(lambda: worker.poll() is None and "ready" in (out / "worker.log").read_text(errors="replace")
-                 or worker.poll() is not None, deadline, "the worker")
-            if worker.poll() is not None:
-                print(f"gpu-check: the worker exited ({worker.returncode}) before it was ready: see worker.log", flush=True)
-                return 3
-            code, _ = run_limited([farm, "tune", str(catalog), "--broker", broker, "--redis", store, "--timeout", tune_timeout,
-                                   "--json"], log, tune_deadline, env, stdout=out / "decisions.json")
-            run_limited([farm, "archive", "export", "--redis", store, "--out", str(out / "archive")], log, deadline - 8, env)
-            run_limited([farm, "status", "--redis", store, "--broker", broker, "--json"], log, deadline, env,
-                        stdout=out / "status.json")
-            return code if code is not None else 124
-        finally:
-            for process in (worker, server):
-                if process is not None and process.poll() is None:
-                    process.terminate()
-                    try:
-                        process.wait(8)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def wait(condition: Callable[[], bool], deadline: float, what: str) -> None:
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise SystemExit(f"gpu-check: {what} not ready before the part's time limit")
-
-
 def junit_verdict(xml: Path, status: str) -> tuple[str, str]:
     """pytest's counts; on a GPU machine a skipped GPU test is a failure (CuPy or the device is missing)."""
     if not xml.exists():
@@ -322,28 +256,6 @@ def junit_verdict(xml: Path, status: str) -> tuple[str, str]:
     if status == "ok" and (counts["skipped"] or not counts["tests"]):
         return "failed (skipped GPU tests)", note
     return status, note
-
-
-def farm_summary(folder: Path) -> list[str]:
-    """The farm run's decisions as a table (from ``farm tune --json``) and what was exported."""
-    path = folder / "decisions.json"
-    if not path.exists():
-        return []
-    lines = ["", "## Farm run", ""]
-    try:
-        decisions = json.loads(path.read_text(encoding="utf-8"))["decisions"]
-    except (ValueError, KeyError, TypeError) as e:
-        return lines + [f"decisions.json unreadable ({e}): see farm/farm.log"]
-    lines += ["| operation | workload | winner | ratio | verified | error |", "|---|---|---|---:|---|---|"]
-    for d in decisions:
-        record = d.get("record") or {}
-        spec = " ".join(f"{k}={v}" for k, v in (d.get("spec") or {}).items())
-        ratio = f"{record['ratio']:.3f}" if isinstance(record.get("ratio"), (int, float)) else "-"
-        lines.append(f"| {d.get('operation')} | {spec} | {record.get('name', '-')} | {ratio} | {record.get('verified', '-')} | "
-                     f"{d.get('error') or '-'} |")
-    exported = [p.name for p in sorted((folder / "archive").glob("*"))]
-    lines += ["", f"{len(decisions)} decisions; archive exported: {', '.join(exported) or 'none'} (farm/archive/)"]
-    return lines
 
 
 def summarize(out: Path, parts: list[Part], info: dict[str, str], started: float) -> None:
@@ -360,6 +272,8 @@ def summarize(out: Path, parts: list[Part], info: dict[str, str], started: float
         lines += ["", bench_md.read_text(encoding="utf-8")]
     elif (out / "bench" / "bench.jsonl").exists():
         lines += ["", "bench stopped before rendering: raw rows in bench/bench.jsonl"]
+    from gpu_farm import farm_summary
+
     lines += farm_summary(out / "farm")
     (out / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "summary.json").write_text(json.dumps({"env": info, "parts": [asdict(p) for p in parts]}, indent=2), encoding="utf-8")
@@ -382,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prepare_wheels:
         return prepare_wheels(args.prepare_wheels)
     if args.farm_part is not None:
-        return farm_run(out, args.farm_part, args.farm_device)
+        from gpu_farm import farm_run
+
+        return farm_run(out, args.farm_part, str(VENV / "bin" / "farm"), args.farm_device)
     if args.dry_run:
         print(f"gpu-check: at most {TOTAL:.0f} s in all, report in {out}/ (summary.md, summary.json, logs/)")
         for name, limit, cmds in plan(out):
