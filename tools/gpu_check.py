@@ -78,7 +78,7 @@ def plan(out: Path) -> list[tuple[str, float, list[str]]]:
             f"{py} -m pip install --no-build-isolation --no-deps -e {ROOT}",
             f"{py} -m pip install [--no-index --find-links {WHEELS}] <missing of: {', '.join(NEEDS.values())}>",
             "apt-get install -y redis-server  (if redis-server is not on the PATH)"]),
-        ("pytest", LIMITS["pytest"], [f"{py} -m pytest -m gpu -q --junitxml {out}/pytest.xml {' '.join(gpu_test_files())}"]),
+        ("pytest", LIMITS["pytest"], [f"{py} -m pytest -m gpu -q --timeout 75 --junitxml {out}/pytest.xml {' '.join(gpu_test_files())}"]),
         ("bench", LIMITS["bench"], [f"{py} bench/gpu.py --require-device --out {out}/bench --deadline {LIMITS['bench'] - 25:.0f}"]),
         ("farm", LIMITS["farm"], [
             f"redis-server --port <free> --bind 127.0.0.1 --dir {out}/farm (private)",
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             setup(part, out / "logs", deadline)
         else:
             cmd = {
-                "pytest": [str(VPY), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--junitxml",
+                "pytest": [str(VPY), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--timeout", "75", "--junitxml",
                            str(out / "pytest.xml"), *gpu_test_files()],
                 "bench": [str(VPY), "bench/gpu.py", "--require-device", "--out", str(out / "bench"), "--deadline", f"{max(10.0, deadline - begin - 25):.0f}"],
                 "farm": [str(VPY), str(Path(__file__).resolve()), "--out", str(out / "farm"), "--python", str(VPY),

@@ -62,6 +62,15 @@ class CubinError(ValueError):
     """The bytes are not a cubin this reader understands."""
 
 
+def architecture(cubin: bytes) -> int:
+    """The SM version a cubin is for (80, 90). CUDA 13's ELF ABI (OS ABI 0x41) keeps it in bits 8-15 of
+    ``e_flags``; older cubins (OS ABI 0x33) in the low byte."""
+    if cubin[:4] != b"\x7fELF":
+        raise CubinError("not an ELF file (a cubin is one)")
+    (flags,) = struct.unpack_from("<I", cubin, 0x30)
+    return (flags >> 8) & 0xFF if cubin[7] == 0x41 else flags & 0xFF
+
+
 def kernels(cubin: bytes) -> dict[str, KernelResources]:
     """Every entry point (global function symbol with a ``.text.NAME`` section) and its resources."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
