@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_launches import Launch, extra_workloads, record
 
 import farm
 from farm.errors import FailureKind, TuneFailure
@@ -134,19 +134,9 @@ def test_a_cuda_candidates_identity_covers_source_options_and_launch_configurati
 
 # -- launches, checked without a GPU ------------------------------------------------------------------------
 #
-# The CUDA candidates take their array module from their inputs, so with NumPy inputs they allocate NumPy
-# outputs and reach CudaKernel.launch, whose compiled function is replaced by a recorder. Each recorded launch is
-# then checked against what the .cu files assume.
-
-DRY_SPECS: dict[str, list[dict[str, Any]]] = {
-    "matmul": [dict(m=1, n=1, k=1), dict(m=31, n=7, k=257, layout="a_transposed"), dict(m=130, n=67, k=33, layout="strided"),
-               dict(m=65, n=129, k=64, layout="b_transposed")],
-    "softmax": [dict(rows=1, cols=1), dict(rows=13, cols=1031, layout="strided"), dict(rows=257, cols=31, layout="transposed")],
-    "reduce_sum": [dict(rows=1, cols=1, axis=0), dict(rows=13, cols=1031, axis=1, layout="strided"),
-                   dict(rows=1031, cols=13, axis=0, layout="transposed"), dict(rows=300, cols=7, axis=1)],
-    "transpose": [dict(rows=1, cols=1), dict(rows=13, cols=1031, layout="strided"), dict(rows=257, cols=65)],
-    "bias_gelu_fusion": [dict(rows=1, cols=1), dict(rows=13, cols=1031, layout="strided"), dict(rows=257, cols=33, layout="transposed")],
-}
+# tests/cuda_launches.py records every candidate's launch on NumPy inputs; each recorded launch is checked against
+# what the .cu files assume (tests/test_launch_coverage.py emulates the index arithmetic of each launch, and
+# tests/test_nvrtc.py checks the launches against the resources of the NVRTC-compiled kernels).
 
 # Block shapes the kernels' templates fix (a tile loop, a shared buffer of BS floats, a 32-wide bias tile).
 FIXED_BLOCKS = {
@@ -182,50 +172,9 @@ def covers(base: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple
     return base in ("bias_gelu_flat", "bias_gelu_vec4")
 
 
-@dataclass(frozen=True)
-class Launch:
-    where: str
-    base: str
-    name: str
-    grid: tuple[int, ...]
-    block: tuple[int, ...]
-    args: tuple[Any, ...]
-
-
-def dry_run() -> Iterator[Launch]:
-    """Run every CUDA candidate on NumPy inputs of every dry spec and CUDA dtype; yield each launch."""
-    recorded: list[tuple[str, tuple[Any, ...]]] = []
-
-    def function(self: CudaProgram, name: str) -> Callable[..., None]:
-        def launch(grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:
-            recorded.append((name, (grid, block, args)))
-
-        return launch
-
-    registry.ensure_loaded()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(CudaProgram, "function", function)
-        for name, specs in DRY_SPECS.items():
-            op = registry.get(name)
-            ts = op.cuda
-            for spec in specs:
-                for dtype in op.dtypes["cuda"]:
-                    values = op.normalize(dict(spec, dtype=dtype), devices="cuda")
-                    inputs = tuple(op.make(values, np, np.random.default_rng(0)))
-                    expected = ts[ts.stack_reference()].fn(*inputs)
-                    for impl in ts.implementations[1:]:
-                        recorded.clear()
-                        out = impl.fn(*ts.generate_inputs(inputs))
-                        where = f"{name} {impl.name} {op.label(values)}"
-                        assert (out.shape, out.dtype) == (expected.shape, expected.dtype), where
-                        assert len(recorded) == 1, f"{where}: {len(recorded)} launches"
-                        entry, (grid, block, args) = recorded[0]
-                        yield Launch(where, entry.rsplit("_", 1)[0], entry, grid, block, args)
-
-
 @pytest.fixture(scope="module")
 def launches() -> list[Launch]:
-    return list(dry_run())
+    return list(record(extra_workloads(), check_reference=True))
 
 
 def test_every_cuda_candidate_launches_one_kernel_that_covers_its_output_with_the_block_its_template_fixes(launches) -> None:
@@ -313,6 +262,8 @@ def test_the_small_gpu_benchmark_tunes_every_cuda_workload_of_the_catalog(cuda_c
     spec = importlib.util.spec_from_file_location("kernels_bench", ROOT / "bench" / "kernels_host.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
+    # Registered before it runs: its dataclasses look their module up in sys.modules (else AttributeError).
+    sys.modules.setdefault("kernels_bench", bench)
     spec.loader.exec_module(bench)
     catalog = tomllib.loads((ROOT / "examples" / "catalog.toml").read_text(encoding="utf-8"))
     catalog["policy"] = dict(catalog.get("policy", {}), samples=3, warmups=1)

@@ -61,6 +61,8 @@ def ensure_redis() -> None:
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "test"
     rest = argv[1:]
+    if command == "gpu-check":  # its own environment (.venv-gpu): a GPU machine may have no package index
+        return subprocess.call([sys.executable, str(ROOT / "tools" / "gpu_check.py"), *rest])
     ensure_venv()
     os.chdir(ROOT)
     if command == "demo":
@@ -75,7 +77,7 @@ def main(argv: list[str]) -> int:
         for script in sorted((ROOT / "bench").glob("*.py")):
             code |= subprocess.call([str(BIN / "python"), str(script), *rest])
         return code
-    sys.exit(f"dev.py: unknown command {command!r} (demo, test, bench)")
+    sys.exit(f"dev.py: unknown command {command!r} (demo, test, bench, gpu-check)")
 
 
 if __name__ == "__main__":
