@@ -77,6 +77,7 @@ class StackPolicy:
     tolerance: Tolerance = field(default_factory=Tolerance)
     warmups: int = 2
     samples: int = 7
+    max_samples: int | None = None
     max_candidates: int = 32
     budget: float = 30.0
     min_speedup: float = 1.05
@@ -87,6 +88,7 @@ class StackPolicy:
     max_parallel_tunes: int = 1
     regression_pairs: int = 7
     regression_ratio: float = 1.15
+    max_disturbed: float = 0.5
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -119,6 +121,8 @@ class StackPolicy:
         self.tolerance.validate("policy.tolerance")
         integer("warmups", 1, 100)
         integer("samples", 3, 101, odd=True)
+        if self.max_samples is not None:
+            integer("max_samples", self.samples, 1001, odd=True)
         integer("max_candidates", 1, 4096)
         real("budget", 0.0, strict=True)
         real("min_speedup", 1.0)
@@ -132,7 +136,18 @@ class StackPolicy:
         integer("max_parallel_tunes", 1, 256)
         integer("regression_pairs", 3, 101, odd=True)
         real("regression_ratio", 1.0, strict=True)
+        real("max_disturbed", 0.0)
+        if self.max_disturbed > 1.0:
+            raise bad("max_disturbed", "must be a fraction in 0..1")
         return self
+
+    @property
+    def sample_limit(self) -> int:
+        """The most pairs one candidate may take: ``max_samples``, or by default ``4 * samples + 1`` capped at
+        101 (never below ``samples``)."""
+        if self.max_samples is not None:
+            return self.max_samples
+        return max(self.samples, min(4 * self.samples + 1, 101))
 
     def accuracy_key(self) -> str:
         """The policy fields that change what a decision means (the mode is excluded on purpose).
