@@ -9,6 +9,7 @@ a winner unconfirmed unless an undisturbed confirmation reproduces it.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -100,16 +101,21 @@ class Probe:
 
 def nvml_throttle_probe(client: Any) -> Callable[[], bool] | None:
     """A throttle probe for a CUDA client through NVML (``pip install nvidia-ml-py``), or None when the client is
-    not CUDA or NVML is unavailable."""
+    not CUDA or NVML is unavailable. Memoized per device."""
     if getattr(client, "device_kind", None) != "cuda":
         return None
+    return _nvml_probe(int(client.index))
+
+
+@functools.lru_cache(maxsize=64)
+def _nvml_probe(index: int) -> Callable[[], bool] | None:
     try:
         import pynvml
 
         from farm.runtimes.cuda import import_cupy
 
         pynvml.nvmlInit()
-        bus = import_cupy().cuda.runtime.deviceGetPCIBusId(client.index)
+        bus = import_cupy().cuda.runtime.deviceGetPCIBusId(index)
         handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
         reasons(handle)

@@ -89,6 +89,7 @@ class StackPolicy:
     regression_pairs: int = 7
     regression_ratio: float = 1.15
     max_disturbed: float = 0.5
+    require_confirmation: bool = False
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -116,6 +117,8 @@ class StackPolicy:
             raise bad("timing", "must be a Timing")
         if not isinstance(self.require_validation, bool):
             raise bad("require_validation", "must be a bool")
+        if not isinstance(self.require_confirmation, bool):
+            raise bad("require_confirmation", "must be a bool")
         if not isinstance(self.tolerance, Tolerance):
             raise bad("tolerance", "must be a Tolerance")
         self.tolerance.validate("policy.tolerance")
