@@ -15,7 +15,7 @@ models of peer rules: ``do_bench`` (triton-style: 25 ms warmup, 100 ms of repeti
 Per condition and rule it prints: correct picks, wrong-output picks, picks slower than the reference, stability (the
 same pick in two runs of the same decision) and tuning time per decision.
 
-    .venv/bin/python bench/decision_quality.py [--repeats 5] [--unit-ms 0.5] [--quick]
+    .venv/bin/python bench/decision_quality.py [--repeats 3] [--dobench-repeats 1] [--unit-ms 0.5] [--quick]
 """
 
 from __future__ import annotations
@@ -184,15 +184,18 @@ class Tally:
     seconds: list[float] = field(default_factory=list)
 
 
-def decide_all(condition: str, repeats: int, unit: float, rules: list[str]) -> dict[str, Tally]:
+def decide_all(condition: str, repeats: int, unit: float, rules: list[str], slow_repeats: int) -> dict[str, Tally]:
+    """Decide every scenario ``repeats`` times per rule (``slow_repeats`` for the do_bench model), twice each."""
     x = np.ones(256)
     tallies = {rule: Tally() for rule in rules}
     with Condition(condition):
-        for _ in range(repeats):
+        for repeat in range(repeats):
             for specs in SCENARIOS.values():
                 by_name = {s.name: s for s in specs}
                 right = correct_pick(specs)
                 for rule in rules:
+                    if rule == "do_bench" and repeat >= slow_repeats:
+                        continue
                     picks = []
                     for _run in range(2):
                         start = time.perf_counter()
@@ -211,21 +214,24 @@ def decide_all(condition: str, repeats: int, unit: float, rules: list[str]) -> d
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="decisions of each scenario per condition and run")
+    parser.add_argument("--repeats", type=int, default=3, help="decisions of each scenario per condition and run")
+    parser.add_argument("--dobench-repeats", type=int, default=1,
+                        help="the same for the do_bench model, which spends 125 ms per candidate")
     parser.add_argument("--unit-ms", type=float, default=0.5, help="the reference's CPU time in milliseconds")
-    parser.add_argument("--quick", action="store_true", help="2 repeats, no do_bench model (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, no do_bench model")
     parser.add_argument("--conditions", default="quiet,hog,cotenant")
     args = parser.parse_args(argv)
-    repeats = 2 if args.quick else args.repeats
+    repeats = 1 if args.quick else args.repeats
     rules = [r for r in RULES if not (args.quick and r == "do_bench")]
     unit = args.unit_ms / 1000.0
-    print(f"decision quality: {repeats} x {len(SCENARIOS)} decisions per condition, each made twice; reference = "
-          f"{args.unit_ms:g} ms CPU; {os.cpu_count()} CPUs, tuner affinity {sorted(os.sched_getaffinity(0))}")
+    print(f"decision quality: {repeats} x {len(SCENARIOS)} scenarios per condition ({args.dobench_repeats} x for do_bench), "
+          f"each decided twice; reference = {args.unit_ms:g} ms CPU; {os.cpu_count()} CPUs, tuner affinity "
+          f"{sorted(os.sched_getaffinity(0))}")
     header = f"{'condition':<10} {'rule':<10} {'correct':>9} {'wrong-out':>9} {'slower':>7} {'stable':>8} {'s/decision':>11}"
     print(header)
     print("-" * len(header))
     for condition in args.conditions.split(","):
-        tallies = decide_all(condition, repeats, unit, rules)
+        tallies = decide_all(condition, repeats, unit, rules, args.dobench_repeats)
         for rule, t in tallies.items():
             print(f"{condition:<10} {rule:<10} {t.correct:>4}/{t.decisions:<4} {t.wrong_output:>9} {t.slower:>7} "
                   f"{t.stable:>3}/{t.pairs:<4} {statistics.mean(t.seconds):>11.3f}")

@@ -13,8 +13,10 @@ were taken: even-numbered pairs ran the reference first, odd-numbered ones the c
   sequence (``samples``, then two more at a time up to ``max_samples``), and look j spends
   ``ALPHA * 6 / (pi^2 j^2)`` per side, so the chance that ANY look of a sequence wrongly decides either side is
   at most ALPHA, however many pairs it takes. Looks that cannot decide (too few pairs) spend nothing.
-- **Noise limit.** A FASTER verdict's interval must also be narrow: its half-width relative to the ratio must not
-  exceed ``max_relative_mad``, or it stays UNDECIDED (more pairs narrow it; the ratios' own MAD would not shrink).
+- **Noise limit.** A FASTER verdict's interval must also reach no more than ``max_relative_mad`` above its median
+  (relative), or it stays UNDECIDED: the candidate may not be much slower than measured. Interference only adds
+  time, so a low lower bound (pairs whose reference was slowed) does not count against a win.
+  More pairs narrow the interval; the ratios' own MAD, the earlier gate, would not shrink.
 
 A candidate wins only on a FASTER verdict (and then only if its ratio beats the current winner's).
 """
@@ -144,18 +146,13 @@ class Score:
     def decided(self) -> bool:
         return self.standing is not Standing.UNDECIDED
 
-    @property
-    def noise(self) -> float:
-        """Half the interval's width relative to the ratio (inf without an interval)."""
-        return (self.high - self.low) / (2.0 * self.ratio) if math.isfinite(self.high - self.low) else math.inf
-
-
-def _interval(values: Sequence[float], alpha: float) -> tuple[float, float] | None:
+def _interval(values: Sequence[float], alpha: float) -> tuple[float, float, float] | None:
+    """(low, high, median) of the values, or None when no bound reaches the confidence."""
     k = bound_rank(len(values), alpha) if values else 0
     if not k:
         return None
     ordered = sorted(values)
-    return ordered[k - 1], ordered[len(values) - k]
+    return ordered[k - 1], ordered[len(values) - k], statistics.median(ordered)
 
 
 def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
@@ -177,8 +174,8 @@ def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
     intervals = [i for i in (_interval(ratios, alpha), _interval(block, alpha)) if i is not None]
     line = 1.0 / policy.min_speedup
 
-    def score(standing: Standing, reason: str, interval: tuple[float, float] = (math.nan, math.nan)) -> Score:
-        return Score(standing, ratio, *interval, first, second, relative_mad, n, reason)
+    def score(standing: Standing, reason: str, interval: tuple[float, ...] = (math.nan, math.nan)) -> Score:
+        return Score(standing, ratio, interval[0], interval[1], first, second, relative_mad, n, reason)
 
     undecided = Standing.UNDECIDED
     effect = score(undecided, "").order_effect
@@ -187,12 +184,15 @@ def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
                                 f"{second:.3f}: {effect:.3f} > {policy.max_relative_mad:g})")
     if not intervals:
         return score(undecided, f"undecided: {n} pairs are too few for a confident verdict")
-    below = sorted((i for i in intervals if i[1] <= line), key=lambda i: i[1] - i[0])
+    # The noise of an interval: how far its upper bound reaches above its own median, relative.
+    below = sorted(((i[1] - i[2]) / i[2], i) for i in intervals if i[1] <= line)
     if below and ratio <= line:
-        s = score(Standing.FASTER, f"ratio {ratio:.3f} in [{below[0][0]:.3f}, {below[0][1]:.3f}]", below[0])
-        if s.noise > policy.max_relative_mad:
-            return score(undecided, f"undecided: noisy, {s.reason} is wider than +-{policy.max_relative_mad:g}", below[0])
-        return s
+        noise, best = below[0]
+        reason = f"ratio {ratio:.3f} in [{best[0]:.3f}, {best[1]:.3f}]"
+        if noise > policy.max_relative_mad:
+            return score(undecided, f"undecided: noisy, {reason} reaches {noise:.3f} above its median "
+                                    f"(limit {policy.max_relative_mad:g})", best)
+        return score(Standing.FASTER, reason, best)
     above = [i for i in intervals if i[0] > line]
     if above:
         return score(Standing.NOT_FASTER, f"too slow: ratio {ratio:.3f} in [{above[0][0]:.3f}, {above[0][1]:.3f}] "
