@@ -5,8 +5,9 @@ were taken: even-numbered pairs ran the reference first, odd-numbered ones the c
 
 - **Order-balanced ratio.** The ratio is the geometric mean of the two orders' median candidate/reference ratios,
   so each order weighs the same whatever the number of pairs.
-- **Orders must agree.** When the two orders' medians differ from the balanced ratio by more than the noise
-  limit (``max_relative_mad``), the pairs are phase-locked to some interference: the verdict is UNDECIDED.
+- **Orders must agree.** When the two orders' medians lie further than the noise limit (``max_relative_mad``)
+  from their geometric mean, and a rank test says the difference is no chance (Mann-Whitney, 5 %), the
+  pairs are phase-locked to some interference: the verdict is UNDECIDED.
 - **A confidence bound decides.** The order-statistic (sign test) interval of the median ratio over all pairs
   must lie wholly below ``1 / min_speedup`` for FASTER, wholly above it for NOT_FASTER; an interval that
   straddles the line is UNDECIDED. The interval's confidence grows with the look: pairs are taken in a
@@ -155,6 +156,22 @@ def _interval(values: Sequence[float], alpha: float) -> tuple[float, float, floa
     return ordered[k - 1], ordered[len(values) - k], statistics.median(ordered)
 
 
+ORDER_Z = 1.96
+"""The two orders disagree beyond chance when their Mann-Whitney statistic lies this many deviations off."""
+
+
+def _orders_differ(ratios: Sequence[float]) -> bool:
+    """Whether the reference-first and candidate-first ratios differ beyond chance: a Mann-Whitney rank test
+    (normal approximation, two-sided 5 %). Seven pairs wholly separated by order already show it."""
+    first, second = ratios[0::2], ratios[1::2]
+    if not first or not second:
+        return False
+    u = sum((a < b) + 0.5 * (a == b) for a in first for b in second)
+    n1, n2 = len(first), len(second)
+    sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    return abs(u - n1 * n2 / 2.0) > ORDER_Z * sd
+
+
 def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
     """Score pairs taken in alternating order (the first one reference-first). Raises ValueError for empty or
     invalid pairs.
@@ -179,7 +196,7 @@ def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
 
     undecided = Standing.UNDECIDED
     effect = score(undecided, "").order_effect
-    if effect > policy.max_relative_mad:
+    if effect > policy.max_relative_mad and _orders_differ(ratios):
         return score(undecided, f"undecided: orders disagree (reference-first median {first:.3f}, candidate-first "
                                 f"{second:.3f}: {effect:.3f} > {policy.max_relative_mad:g})")
     if not intervals:
