@@ -69,6 +69,13 @@ class StackPolicy:
 
     Call :meth:`validate` (the controller does) before use: an out-of-range field is an INVALID_INPUT failure
     naming the field and value.
+
+    ``samples`` is the minimum number of pairs per candidate; ``max_samples`` (None: ``4 * samples + 1`` capped at
+    101, see :attr:`sample_limit`) bounds the extra pairs taken while its verdict is undecided. ``max_disturbed``
+    is the share of a winner's pairs that may be disturbed by interference before it is re-measured (and before a
+    confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
+    reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
+    verdict means (docs/decisions.md).
     """
 
     mode: Mode = Mode.EXPLORE

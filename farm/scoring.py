@@ -3,21 +3,23 @@
 A candidate is scored from PAIRS of (reference_seconds, candidate_seconds) timed back to back, in the order they
 were taken: even-numbered pairs ran the reference first, odd-numbered ones the candidate first.
 
-- **Order-balanced ratio.** The ratio is the geometric mean of the two orders' median candidate/reference ratios,
-  so each order weighs the same whatever the number of pairs.
-- **Orders must agree.** When the two orders' medians lie further than the noise limit (``max_relative_mad``)
-  from their geometric mean, and a rank test says the difference is no chance (Mann-Whitney, 5 %), the
-  pairs are phase-locked to some interference: the verdict is UNDECIDED.
-- **A confidence bound decides.** The order-statistic (sign test) interval of the median ratio over all pairs
-  must lie wholly below ``1 / min_speedup`` for FASTER, wholly above it for NOT_FASTER; an interval that
-  straddles the line is UNDECIDED. The interval's confidence grows with the look: pairs are taken in a
-  sequence (``samples``, then two more at a time up to ``max_samples``), and look j spends
-  ``ALPHA * 6 / (pi^2 j^2)`` per side, so the chance that ANY look of a sequence wrongly decides either side is
-  at most ALPHA, however many pairs it takes. Looks that cannot decide (too few pairs) spend nothing.
+- **Order-balanced ratio.** The ratio is the median of the block ratios: a block is a reference-first pair and
+  the candidate-first pair after it, scored ``min(candidate times) / min(reference times)``. Each block holds one
+  pair of each order, so both orders weigh the same and interference locked to one slot cancels; interference
+  only adds time, so each side's minimum sheds most of it.
+- **Orders must agree.** When the two orders' median pair ratios lie further than the noise limit
+  (``max_relative_mad``) from their geometric mean, and a rank test says the difference is no chance
+  (Mann-Whitney, 5 %), the pairs are phase-locked to some interference: the verdict is UNDECIDED.
+- **A confidence bound decides.** Order-statistic (sign test) intervals of the median, one over the pair ratios
+  and one over the block ratios, sharing the error: one lying wholly at or below ``1 / min_speedup`` gives
+  FASTER, one wholly above it NOT_FASTER; intervals that straddle the line leave it UNDECIDED. Pairs are taken in
+  a sequence (``samples``, then ``samples + 1`` more at a time up to ``max_samples``: :func:`look_sizes`), and
+  look j spends ``ALPHA * 6 / (pi^2 j^2)`` per side, so the chance that ANY look of a sequence wrongly decides
+  either side is at most ALPHA, however many pairs it takes. Looks that cannot decide spend nothing.
 - **Noise limit.** A FASTER verdict's interval must also reach no more than ``max_relative_mad`` above its median
   (relative), or it stays UNDECIDED: the candidate may not be much slower than measured. Interference only adds
-  time, so a low lower bound (pairs whose reference was slowed) does not count against a win.
-  More pairs narrow the interval; the ratios' own MAD, the earlier gate, would not shrink.
+  time, so a low lower bound (pairs whose reference was slowed) does not count against a win. More pairs narrow
+  the interval; the ratios' own MAD, the earlier gate, would not shrink.
 
 A candidate wins only on a FASTER verdict (and then only if its ratio beats the current winner's).
 """
