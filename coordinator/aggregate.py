@@ -9,7 +9,7 @@ from typing import Any
 
 from farm.environment import farm_version
 from farm.policy import StackPolicy
-from farm.scoring import judge
+from farm.scoring import Standing, judge
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, decide
 from farm_coordinator.plan import Problem
@@ -86,7 +86,9 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
         "farm_version": farm_version(),
         "workers": sorted({str(r.provenance.get("worker", "")) for r in ok}),
         "candidates": [
-            {"name": j.name, "ratio": j.ratio, "relative_mad": j.relative_mad, "verified": j.verified, "note": j.note}
+            {"name": j.name, "ratio": j.ratio, "relative_mad": j.relative_mad, "verified": j.verified, "note": j.note,
+             "pairs": len(j.pairs), "standing": j.standing, "interval": list(j.interval) if j.interval else None,
+             "stop": j.stop, "interference": j.interference.to_dict() if j.interference is not None else None}
             for j in judged
         ],
         "tuned_by": worker_of.get(winner),
@@ -147,12 +149,18 @@ def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> li
 
 
 def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggregate:
-    """Apply a second device's trials of the winner: it must validate and clear the same rule, or the
-    reference is kept (verified, ratio 1.0) with the reason in the record's meta."""
+    """Apply a second device's trials of the winner. The winner is confirmed only when they reproduce its
+    verdict: validated, a decided win that clears min_speedup, a ratio within the first verdict's noise band
+    (its interval widened by ``max_relative_mad`` each way) and pairs not disturbed beyond ``max_disturbed``.
+
+    A contradiction (wrong output there, or decided not faster) keeps the reference, with the reason and the
+    rejected winner in the meta. Anything else that fails to reproduce (undecided, out of band, disturbed, a
+    failed task) publishes the winner unconfirmed, or nothing when the policy requires confirmation."""
     assert agg.record is not None
     agg.problem.confirmation_result = result
     record = agg.record
     outcome = result.outcomes[0] if result.status == STATUS_OK and result.outcomes else None
+    contradicted = None
     reason = None
     confirmed_ratio = None
     if result.cache_key != record.cache_key:
@@ -160,26 +168,54 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
     elif outcome is None:
         reason = f"confirmation failed: {result.error or 'no outcome'}"
     elif outcome.failure is not None:
-        reason = f"confirmation failed: {outcome.failure}"
+        failure = f"confirmation failed: {outcome.failure}"
+        contradicted, reason = (failure, None) if "budget" not in outcome.failure else (None, failure)
     else:
         verdict = judge(outcome.pairs, policy)
         confirmed_ratio = verdict.ratio
-        if not verdict.accepted or verdict.ratio is None or verdict.ratio * policy.min_speedup > 1.0:
-            reason = f"confirmation failed: {verdict.note}"
+        low, high = next((j.interval for j in agg.judged if j.name == record.name and j.interval), (record.ratio, record.ratio))
+        slack = 1.0 + policy.max_relative_mad
+        if verdict.score is not None and verdict.score.standing is Standing.NOT_FASTER:
+            contradicted = f"confirmation failed: {verdict.note}"
         elif policy.require_validation and not outcome.verified:
-            reason = "confirmation failed: not verified on the second device"
+            contradicted = "confirmation failed: not verified on the second device"
+        elif not verdict.wins or verdict.ratio is None or verdict.ratio * policy.min_speedup > 1.0:
+            reason = f"confirmation did not decide a win: {verdict.note}"
+        elif not low / slack <= verdict.ratio <= high * slack:
+            reason = (f"confirmation ratio {verdict.ratio:.3f} is outside the first verdict's band "
+                      f"[{low / slack:.3f}, {high * slack:.3f}]")
+        elif outcome.interference is not None and outcome.interference.exceeds(policy.max_disturbed):
+            reason = f"confirmation measured under interference: {outcome.interference.describe()}"
     meta = dict(record.meta)
     meta["confirmed_by"] = result.provenance.get("worker")
     meta["confirmation_ratio"] = confirmed_ratio
-    extra = (result.trial_seconds,)
-    if reason is None:
-        meta["confirmation"] = "confirmed"
-        confirmed = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
-        return _replace(agg, confirmed, agg.winner, agg.ratio, extra[0])
-    meta["confirmation"] = reason
-    meta["rejected_winner"] = record.name
-    reference = DecisionRecord(record.cache_key, 0, 0, str(meta["reference"]), True, 1.0, record.created, meta)
-    return _replace(agg, reference, reference.name, 1.0, extra[0])
+    extra = result.trial_seconds
+    if contradicted is not None:
+        meta["confirmation"] = contradicted
+        meta["rejected_winner"] = record.name
+        reference = DecisionRecord(record.cache_key, 0, 0, str(meta["reference"]), True, 1.0, record.created, meta)
+        return _replace(agg, reference, reference.name, 1.0, extra)
+    if reason is not None:
+        kept = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
+        return unconfirmed(_replace(agg, kept, agg.winner, agg.ratio, extra), policy, f"unconfirmed: {reason}")
+    meta["confirmation"] = "confirmed"
+    confirmed = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
+    return _replace(agg, confirmed, agg.winner, agg.ratio, extra)
+
+
+def unconfirmed(agg: Aggregate, policy: StackPolicy,
+                reason: str = "unconfirmed: no second device of this fingerprint online") -> Aggregate:
+    """The winner without a confirmation: published with the reason in its meta, or, when the policy requires
+    confirmation, not published at all (``record`` None and ``error`` saying why)."""
+    assert agg.record is not None
+    r = agg.record
+    if policy.require_confirmation:
+        return Aggregate(agg.problem, None, agg.judged, None, None, f"not published: {reason}", agg.trial_seconds,
+                         agg.winner_worker)
+    meta = dict(r.meta, confirmation=reason)
+    return Aggregate(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio,
+                                                 r.created, meta),
+                     agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
 
 
 def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: float | None, extra_seconds: float) -> Aggregate:

@@ -24,7 +24,7 @@ from rich.progress import (
 from rich.table import Table
 
 from farm.errors import FarmError
-from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
+from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
 from farm_coordinator.plan import Problem, Target, expand
 from farm_coordinator.sinks import Sink
@@ -244,7 +244,8 @@ class _Run:
             if not self.fleet.alive(worker_id):
                 del self.confirming[pid]
                 self.dispatcher.pending.pop((self.by_id[pid].tasks[0].run, pid, CONFIRM_GROUP), None)
-                self._publish(_unconfirmed(self.by_id[pid].confirmation, f"unconfirmed: confirming worker {worker_id} went away"))
+                self._publish(unconfirmed(self.by_id[pid].confirmation, self.policy,
+                                          f"unconfirmed: confirming worker {worker_id} went away"))
 
     def _published(self, problem: Problem) -> bool:
         return any(a.problem is problem for a in self.summary.aggregates)
@@ -296,7 +297,7 @@ class _Run:
                 task = _confirm_task(problem, agg)
                 self.dispatcher.submit([task], helper[1], self.settings.time_limits(self.policy))
                 return
-            agg = _unconfirmed(agg)
+            agg = unconfirmed(agg, self.policy)
         self._publish(agg)
 
     def _publish(self, agg: Aggregate) -> None:
@@ -321,7 +322,7 @@ class _Run:
             if self._published(problem):
                 continue
             if task.group == CONFIRM_GROUP:
-                self._publish(_unconfirmed(problem.confirmation, "unconfirmed: no confirmation before the timeout"))
+                self._publish(unconfirmed(problem.confirmation, self.policy, "unconfirmed: no confirmation before the timeout"))
                 continue
             problem.results.setdefault(task.group, GroupResult.failed(task, "no result before the run's timeout"))
             if problem.done:
@@ -337,17 +338,6 @@ def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
     impl = next(i for i, impl in enumerate(tunable.implementations) if impl.name == agg.record.name)
     return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (impl,),
                      base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
-
-
-def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of this fingerprint online") -> Aggregate:
-    from farm.stores.base import DecisionRecord
-    from farm_coordinator.aggregate import Aggregate as A
-
-    assert agg.record is not None
-    r = agg.record
-    meta = dict(r.meta, confirmation=reason)
-    return A(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta),
-             agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
 
 
 @contextmanager

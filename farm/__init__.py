@@ -19,6 +19,7 @@ from farm.engine import (
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
 from farm.identity import Candidate, Problem, Scope, cache_key, fields
+from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
 from farm.scoring import paired_score
@@ -50,6 +51,7 @@ __all__ = [
     "TunableSet",
     "TuneFailure",
     "TuneReport",
+    "Tuned",
     "Validation",
     "array_signature",
     "cache_key",
@@ -62,4 +64,5 @@ __all__ = [
     "runtime_environment",
     "stack_autotuner",
     "try_execute_stack",
+    "tune",
 ]

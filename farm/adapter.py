@@ -20,6 +20,7 @@ from farm.engine import Request, StackTuner, Validation, tuning_scope
 from farm.environment import runtime_environment
 from farm.errors import TuneFailure
 from farm.identity import Candidate, Problem, Scope, fields
+from farm.interference import nvml_throttle_probe
 from farm.policy import MemoryEviction, StackPolicy, Timing, Tolerance
 from farm.runtimes.base import ComputeClient
 from farm.stores.base import DecisionStore
@@ -86,6 +87,7 @@ class RuntimeTrials:
         self.indices = indices
         self.timing = timing
         self.last_check: OutputCheck | None = None
+        self.throttle_probe = nvml_throttle_probe(client)  # read by the trial protocol's interference probe
 
     def _run(self, index: int, inputs: Inputs) -> Any:
         fn = self.tunable[index].fn

@@ -69,6 +69,13 @@ class StackPolicy:
 
     Call :meth:`validate` (the controller does) before use: an out-of-range field is an INVALID_INPUT failure
     naming the field and value.
+
+    ``samples`` is the minimum number of pairs per candidate; ``max_samples`` (None: ``4 * samples + 1`` capped at
+    101, see :attr:`sample_limit`) bounds the extra pairs taken while its verdict is undecided. ``max_disturbed``
+    is the share of a winner's pairs that may be disturbed by interference before it is re-measured (and before a
+    confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
+    reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
+    verdict means (docs/decisions.md).
     """
 
     mode: Mode = Mode.EXPLORE
@@ -77,6 +84,7 @@ class StackPolicy:
     tolerance: Tolerance = field(default_factory=Tolerance)
     warmups: int = 2
     samples: int = 7
+    max_samples: int | None = None
     max_candidates: int = 32
     budget: float = 30.0
     min_speedup: float = 1.05
@@ -87,6 +95,8 @@ class StackPolicy:
     max_parallel_tunes: int = 1
     regression_pairs: int = 7
     regression_ratio: float = 1.15
+    max_disturbed: float = 0.5
+    require_confirmation: bool = False
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -114,11 +124,15 @@ class StackPolicy:
             raise bad("timing", "must be a Timing")
         if not isinstance(self.require_validation, bool):
             raise bad("require_validation", "must be a bool")
+        if not isinstance(self.require_confirmation, bool):
+            raise bad("require_confirmation", "must be a bool")
         if not isinstance(self.tolerance, Tolerance):
             raise bad("tolerance", "must be a Tolerance")
         self.tolerance.validate("policy.tolerance")
         integer("warmups", 1, 100)
         integer("samples", 3, 101, odd=True)
+        if self.max_samples is not None:
+            integer("max_samples", self.samples, 1001, odd=True)
         integer("max_candidates", 1, 4096)
         real("budget", 0.0, strict=True)
         real("min_speedup", 1.0)
@@ -132,7 +146,18 @@ class StackPolicy:
         integer("max_parallel_tunes", 1, 256)
         integer("regression_pairs", 3, 101, odd=True)
         real("regression_ratio", 1.0, strict=True)
+        real("max_disturbed", 0.0)
+        if self.max_disturbed > 1.0:
+            raise bad("max_disturbed", "must be a fraction in 0..1")
         return self
+
+    @property
+    def sample_limit(self) -> int:
+        """The most pairs one candidate may take: ``max_samples``, or by default ``4 * samples + 1`` capped at
+        101 (never below ``samples``)."""
+        if self.max_samples is not None:
+            return self.max_samples
+        return max(self.samples, min(4 * self.samples + 1, 101))
 
     def accuracy_key(self) -> str:
         """The policy fields that change what a decision means (the mode is excluded on purpose).

@@ -1,21 +1,52 @@
 """The selection rule, shared by the in-process controller and the farm's aggregation.
 
-A candidate is scored from PAIRS of (reference_seconds, candidate_seconds) timed back to back: the score is the
-median of candidate/reference ratios, rejected as noise when the relative median absolute deviation exceeds the
-policy's limit. A candidate replaces the current winner only if its ratio beats the winner's AND
-``ratio * min_speedup <= 1``; otherwise the reference stays.
+A candidate is scored from PAIRS of (reference_seconds, candidate_seconds) timed back to back, in the order they
+were taken: even-numbered pairs ran the reference first, odd-numbered ones the candidate first.
+
+- **Order-balanced ratio.** The ratio is the median of the block ratios: a block is a reference-first pair and
+  the candidate-first pair after it, scored ``min(candidate times) / min(reference times)``. Each block holds one
+  pair of each order, so both orders weigh the same and interference locked to one slot cancels; interference
+  only adds time, so each side's minimum sheds most of it.
+- **Orders must agree.** When the two orders' median pair ratios lie further than the noise limit
+  (``max_relative_mad``) from their geometric mean, and a rank test says the difference is no chance
+  (Mann-Whitney, 5 %), the pairs are phase-locked to some interference: the verdict is UNDECIDED.
+- **A confidence bound decides.** Order-statistic (sign test) intervals of the median, one over the pair ratios
+  and one over the block ratios, sharing the error: one lying wholly at or below ``1 / min_speedup`` gives
+  FASTER, one wholly above it NOT_FASTER; intervals that straddle the line leave it UNDECIDED. Pairs are taken in
+  a sequence (``samples``, then ``samples + 1`` more at a time up to ``max_samples``: :func:`look_sizes`), and
+  look j spends ``ALPHA * 6 / (pi^2 j^2)`` per side, so the chance that ANY look of a sequence wrongly decides
+  either side is at most ALPHA, however many pairs it takes. Looks that cannot decide spend nothing.
+- **Noise limit.** A FASTER verdict's interval must also reach no more than ``max_relative_mad`` above its median
+  (relative), or it stays UNDECIDED: the candidate may not be much slower than measured. Interference only adds
+  time, so a low lower bound (pairs whose reference was slowed) does not count against a win. More pairs narrow
+  the interval; the ratios' own MAD, the earlier gate, would not shrink.
+
+A candidate wins only on a FASTER verdict (and then only if its ratio beats the current winner's).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from farm.policy import StackPolicy
 
 Pair = tuple[float, float]
+
+ALPHA = 0.05
+"""Per side: the most probability that a whole sequence of looks wrongly decides FASTER (or NOT_FASTER)."""
+
+
+class Standing(enum.Enum):
+    """What a candidate's pairs prove: faster by ``min_speedup`` (a win), not that fast, or neither yet."""
+
+    FASTER = "faster"
+    NOT_FASTER = "not_faster"
+    UNDECIDED = "undecided"
 
 
 def valid_seconds(value: float) -> bool:
@@ -23,8 +54,7 @@ def valid_seconds(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def ratio_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
-    """Median candidate/reference ratio and its relative MAD. Raises ValueError for empty or invalid pairs."""
+def _ratios(pairs: Sequence[Pair]) -> list[float]:
     if not pairs:
         raise ValueError("no timing pairs")
     ratios = []
@@ -32,45 +62,203 @@ def ratio_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
         if not (valid_seconds(reference) and valid_seconds(candidate)):
             raise ValueError(f"invalid timing pair ({reference!r}, {candidate!r})")
         ratios.append(candidate / reference)
+    return ratios
+
+
+def ratio_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
+    """Plain median candidate/reference ratio and its relative MAD, orders pooled (a description of the spread,
+    not the score). Raises ValueError for empty or invalid pairs."""
+    ratios = _ratios(pairs)
     median = statistics.median(ratios)
     mad = statistics.median(abs(r - median) for r in ratios)
     return median, mad / median
 
 
+@lru_cache(maxsize=4096)
+def bound_rank(n: int, alpha: float) -> int:
+    """The largest k >= 1 with P(Binomial(n, 1/2) <= k - 1) <= alpha, or 0 when even k = 1 fails: the k-th
+    smallest and k-th largest of n ratios then bound their median with error <= alpha per side."""
+    total = 2**n
+    cumulative = 0
+    k = 0
+    while k < (n + 1) // 2:
+        cumulative += math.comb(n, k)
+        if cumulative / total > alpha:
+            break
+        k += 1
+    return k
+
+
+def look_sizes(samples: int, limit: int) -> list[int]:
+    """The pair counts at which a sequence looks: ``samples``, then ``samples + 1`` more at a time (so each
+    extension adds as many pairs of each order), and finally ``limit``."""
+    sizes = list(range(samples, limit + 1, samples + 1))
+    if not sizes or sizes[-1] != limit:
+        sizes.append(limit)
+    return sizes
+
+
+def _spend(look: int) -> float:
+    return ALPHA * 6.0 / (math.pi**2 * look**2)
+
+
+@lru_cache(maxsize=4096)
+def look_alpha(n: int, samples: int) -> float:
+    """The per-side error the look at ``n`` pairs may spend, shared by its two tests; 0.0 when no look at ``n``
+    can decide. Looks are counted along the sequence that starts at ``samples`` and grows by ``samples + 1``,
+    and only where a decision is possible, so an early look that cannot decide spends nothing."""
+    look = 1
+    for m in range(samples, n, samples + 1):
+        if bound_rank(m, _spend(look) / 2) >= 1:
+            look += 1
+    return _spend(look) if bound_rank(n, _spend(look) / 2) >= 1 else 0.0
+
+
+def blocks(pairs: Sequence[Pair]) -> list[float]:
+    """Block ratios: each reference-first pair with the candidate-first pair after it, ``min(candidates) /
+    min(references)``. Interference only ever adds time, so the minimum of each side sheds most of it, and a
+    block holds one pair of each order, so interference locked to one slot cancels."""
+    return [
+        min(pairs[i][1], pairs[i + 1][1]) / min(pairs[i][0], pairs[i + 1][0]) for i in range(0, len(pairs) - 1, 2)
+    ]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A candidate's standing after ``pairs`` pairs: the order-balanced ``ratio`` (median block ratio), the
+    confidence bounds of the median ratio that decided (``low``, ``high``; NaN when none could), each order's
+    median pair ratio, the relative MAD of the pair ratios, and ``reason``, a note saying why."""
+
+    standing: Standing
+    ratio: float
+    low: float
+    high: float
+    reference_first: float
+    candidate_first: float
+    relative_mad: float
+    pairs: int
+    reason: str
+
+    @property
+    def order_effect(self) -> float:
+        """How far each order's median lies from their geometric mean, relative (0 when they agree)."""
+        a, b = self.reference_first, self.candidate_first
+        return math.sqrt(max(a, b) / min(a, b)) - 1.0
+
+    @property
+    def decided(self) -> bool:
+        return self.standing is not Standing.UNDECIDED
+
+def _interval(values: Sequence[float], alpha: float) -> tuple[float, float, float] | None:
+    """(low, high, median) of the values, or None when no bound reaches the confidence."""
+    k = bound_rank(len(values), alpha) if values else 0
+    if not k:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[len(values) - k], statistics.median(ordered)
+
+
+ORDER_Z = 1.96
+"""The two orders disagree beyond chance when their Mann-Whitney statistic lies this many deviations off."""
+
+
+def _orders_differ(ratios: Sequence[float]) -> bool:
+    """Whether the reference-first and candidate-first ratios differ beyond chance: a Mann-Whitney rank test
+    (normal approximation, two-sided 5 %). Seven pairs wholly separated by order already show it."""
+    first, second = ratios[0::2], ratios[1::2]
+    if not first or not second:
+        return False
+    u = sum((a < b) + 0.5 * (a == b) for a in first for b in second)
+    n1, n2 = len(first), len(second)
+    sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
+    return abs(u - n1 * n2 / 2.0) > ORDER_Z * sd
+
+
+def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
+    """Score pairs taken in alternating order (the first one reference-first). Raises ValueError for empty or
+    invalid pairs.
+
+    Two sign tests share each look's error: one over the pair ratios, one over the block ratios (more robust
+    when interference is frequent). FASTER needs an interval wholly at or below ``1 / min_speedup`` and within
+    the noise limit; NOT_FASTER an interval wholly above it.
+    """
+    ratios = _ratios(pairs)
+    n = len(ratios)
+    first = statistics.median(ratios[0::2])
+    second = statistics.median(ratios[1::2]) if n > 1 else first
+    block = blocks(pairs)
+    ratio = statistics.median(block) if block else ratios[0]
+    _, relative_mad = ratio_statistics(pairs)
+    alpha = look_alpha(n, policy.samples) / 2
+    intervals = [i for i in (_interval(ratios, alpha), _interval(block, alpha)) if i is not None]
+    line = 1.0 / policy.min_speedup
+
+    def score(standing: Standing, reason: str, interval: tuple[float, ...] = (math.nan, math.nan)) -> Score:
+        return Score(standing, ratio, interval[0], interval[1], first, second, relative_mad, n, reason)
+
+    undecided = Standing.UNDECIDED
+    effect = score(undecided, "").order_effect
+    if effect > policy.max_relative_mad and _orders_differ(ratios):
+        return score(undecided, f"undecided: orders disagree (reference-first median {first:.3f}, candidate-first "
+                                f"{second:.3f}: {effect:.3f} > {policy.max_relative_mad:g})")
+    if not intervals:
+        return score(undecided, f"undecided: {n} pairs are too few for a confident verdict")
+    # The noise of an interval: how far its upper bound reaches above its own median, relative.
+    below = sorted(((i[1] - i[2]) / i[2], i) for i in intervals if i[1] <= line)
+    if below and ratio <= line:
+        noise, best = below[0]
+        reason = f"ratio {ratio:.3f} in [{best[0]:.3f}, {best[1]:.3f}]"
+        if noise > policy.max_relative_mad:
+            return score(undecided, f"undecided: noisy, {reason} reaches {noise:.3f} above its median "
+                                    f"(limit {policy.max_relative_mad:g})", best)
+        return score(Standing.FASTER, reason, best)
+    above = [i for i in intervals if i[0] > line]
+    if above:
+        return score(Standing.NOT_FASTER, f"too slow: ratio {ratio:.3f} in [{above[0][0]:.3f}, {above[0][1]:.3f}] "
+                                          f"misses min_speedup {policy.min_speedup:g}", above[0])
+    widest = intervals[0]
+    return score(undecided, f"undecided: ratio {ratio:.3f} in [{widest[0]:.3f}, {widest[1]:.3f}] straddles "
+                            f"1/min_speedup = {line:.3f}", widest)
+
+
 def paired_score(pairs: Sequence[Pair], policy: StackPolicy) -> tuple[float, float] | None:
-    """``(ratio, relative_mad)`` of the pairs, or None when they are empty, invalid, or noisier than allowed."""
+    """``(ratio, relative_mad)`` of a DECIDED verdict over the pairs, or None when they are empty, invalid or
+    undecided (orders disagree, too few pairs, too noisy, or the interval straddles ``1 / min_speedup``).
+
+    ``ratio`` is the order-balanced median ratio; a candidate is a win when ``ratio * min_speedup <= 1``. Pairs
+    are read in the order taken, the first one reference-first (see the module docstring).
+    """
     try:
-        ratio, relative_mad = ratio_statistics(pairs)
+        s = assess(pairs, policy)
     except ValueError:
         return None
-    if relative_mad > policy.max_relative_mad:
-        return None
-    return ratio, relative_mad
+    return (s.ratio, s.relative_mad) if s.decided else None
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """How one candidate fared: accepted with a ratio, or rejected with a note saying why."""
+    """How one candidate fared: ``accepted`` when its pairs reached a decided verdict (``score.standing`` says
+    which), with a note saying why."""
 
     accepted: bool
     ratio: float | None
     relative_mad: float | None
     note: str
+    score: Score | None = None
+
+    @property
+    def wins(self) -> bool:
+        """A decided FASTER verdict: the candidate clears min_speedup with confidence."""
+        return self.score is not None and self.score.standing is Standing.FASTER
 
 
 def judge(pairs: Sequence[Pair], policy: StackPolicy) -> Verdict:
-    """Score a validated candidate's pairs: rejected when invalid or noisy, otherwise a ratio to compare."""
+    """Score a validated candidate's pairs: rejected when invalid, otherwise its decided or undecided score."""
     try:
-        ratio, relative_mad = ratio_statistics(pairs)
+        s = assess(pairs, policy)
     except ValueError as e:
         return Verdict(False, None, None, f"rejected: {e}")
-    if relative_mad > policy.max_relative_mad:
-        return Verdict(
-            False, ratio, relative_mad, f"noisy: relative MAD {relative_mad:.3f} > {policy.max_relative_mad:.3f}"
-        )
-    if ratio * policy.min_speedup > 1.0:
-        return Verdict(True, ratio, relative_mad, f"too slow: ratio {ratio:.3f} misses min_speedup {policy.min_speedup}")
-    return Verdict(True, ratio, relative_mad, f"ratio {ratio:.3f}")
+    return Verdict(s.decided, s.ratio, s.relative_mad, s.reason, s)
 
 
 class Selection:

@@ -2,9 +2,12 @@
 controller (``engine``) and the farm (a worker runs the trials of one group, the coordinator decides).
 
 - :func:`reference_trials`: warm up, validate the reference against itself, time it.
-- :func:`candidate_trials`: warm up, validate against the reference, then ``samples`` PAIRS of (reference,
-  candidate) timings alternating which runs first. Failures become an :class:`Outcome` with a note.
-- :func:`decide`: judge every outcome in plan order with :mod:`farm.scoring` and pick the winner.
+- :func:`candidate_trials`: warm up, validate against the reference, then PAIRS of (reference, candidate)
+  timings alternating which runs first: at least ``samples``, and while the verdict is undecided more, at the
+  looks of :func:`farm.scoring.look_sizes`, up to ``max_samples`` and within the budget. A win measured under
+  interference above ``max_disturbed`` is re-measured once. Failures become an :class:`Outcome` with a note.
+- :func:`decide`: judge every outcome in plan order with :mod:`farm.scoring` and pick the winner: only a decided
+  FASTER verdict can win.
 """
 
 from __future__ import annotations
@@ -18,8 +21,14 @@ from typing import Any
 
 from farm.errors import FailureKind, TuneFailure
 from farm.identity import Candidate, fits_workspace
+from farm.interference import Interference, Probe
 from farm.policy import StackPolicy
-from farm.scoring import Pair, Selection, judge, valid_seconds
+from farm.scoring import Pair, Selection, Standing, assess, judge, look_sizes, valid_seconds
+
+# Why a candidate's sampling stopped: its verdict was decided, it reached max_samples, or the budget ran out.
+STOP_DECIDED = "decided"
+STOP_MAX_SAMPLES = "max_samples"
+STOP_BUDGET = "budget"
 
 
 class _Skip(Exception):
@@ -33,7 +42,9 @@ class ValidationUnavailable(Exception):
 @dataclass(frozen=True)
 class Outcome:
     """What the trials of one candidate produced. ``failure`` is set when it was skipped or rejected; otherwise
-    its ``pairs`` are judged. ``budget_exhausted`` marks a candidate cut off by the budget."""
+    its ``pairs`` are judged. ``budget_exhausted`` marks a candidate cut off by the budget. ``stop`` says why its
+    sampling ended (``decided``, ``max_samples``, ``budget``), ``interference`` what disturbed its pairs, and
+    ``remeasured`` whether its pairs are a second sequence, taken after a win measured under interference."""
 
     index: int
     name: str
@@ -43,6 +54,9 @@ class Outcome:
     budget_exhausted: bool = False
     max_abs_error: float | None = None
     max_rel_error: float | None = None
+    stop: str | None = None
+    interference: Interference | None = None
+    remeasured: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +68,9 @@ class Outcome:
             "budget_exhausted": self.budget_exhausted,
             "max_abs_error": self.max_abs_error,
             "max_rel_error": self.max_rel_error,
+            "stop": self.stop,
+            "interference": self.interference.to_dict() if self.interference is not None else None,
+            "remeasured": self.remeasured,
         }
 
     @classmethod
@@ -67,6 +84,9 @@ class Outcome:
             budget_exhausted=bool(data.get("budget_exhausted", False)),
             max_abs_error=data.get("max_abs_error"),
             max_rel_error=data.get("max_rel_error"),
+            stop=data.get("stop"),
+            interference=Interference.from_dict(data["interference"]) if data.get("interference") else None,
+            remeasured=bool(data.get("remeasured", False)),
         )
 
 
@@ -74,7 +94,9 @@ class Outcome:
 class CandidateReport:
     """How one candidate fared in a search: ``samples`` timing pairs (the reference: its own samples), the
     median ratio and relative MAD when scored, whether its output was verified, and the note saying why it won,
-    lost or was skipped. ``index`` is its position in the candidate list."""
+    lost or was skipped. ``index`` is its position in the candidate list. ``standing`` is the scored verdict
+    (faster, not_faster, undecided; None when not scored), ``interval`` the confidence bounds of its median ratio,
+    ``stop`` why its sampling ended and ``interference`` what disturbed its pairs."""
 
     name: str
     samples: int
@@ -84,6 +106,10 @@ class CandidateReport:
     note: str
     pairs: tuple[Pair, ...] = ()
     index: int = -1
+    standing: str | None = None
+    interval: tuple[float, float] | None = None
+    stop: str | None = None
+    interference: Interference | None = None
 
 
 def seconds(value: float, name: str) -> float:
@@ -118,18 +144,22 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
 def candidate_trials(
     runner: Any, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
 ) -> Outcome:
-    """Warm up, validate against the reference, then take paired samples alternating which runs first.
+    """Warm up, validate against the reference, then take paired samples alternating which runs first: at least
+    ``samples`` pairs, more while the verdict is undecided (up to ``max_samples``, within the budget).
 
     Returns an Outcome (with ``failure`` set when the candidate erred, was wrong, unverifiable or ran out of
-    budget). Only a DEVICE failure propagates.
+    budget before ``samples`` pairs). Only a DEVICE failure propagates.
     """
     from farm.engine import Validation
 
-    name, ref_name = names[index], names[reference]
+    name = names[index]
     pairs: list[Pair] = []
     verified = False
     budget_hit = False
     check: Any = None
+    stop: str | None = None
+    interference: Interference | None = None
+    remeasured = False
     try:
         for _ in range(policy.warmups):
             seconds(runner.measure(index), name)
@@ -139,17 +169,15 @@ def candidate_trials(
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise _Skip("skipped: validation unsupported (output readback above tolerance.max_bytes)")
         verified = verdict is Validation.PASSED
-        for sample in range(policy.samples):
-            if time.monotonic() > deadline:
-                budget_hit = True
-                raise _Skip(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
-            if sample % 2 == 0:
-                r = seconds(runner.measure(reference), ref_name)
-                c = seconds(runner.measure(index), name)
-            else:
-                c = seconds(runner.measure(index), name)
-                r = seconds(runner.measure(reference), ref_name)
-            pairs.append((r, c))
+        pairs, stop, interference = _sequence(runner, policy, reference, index, names, deadline)
+        if stop is None:
+            budget_hit = True
+            raise _Skip(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
+        if interference.exceeds(policy.max_disturbed) and assess(pairs, policy).standing is Standing.FASTER:
+            # A win measured while something else ran: measure it again, and let the second sequence decide.
+            again, again_stop, again_interference = _sequence(runner, policy, reference, index, names, deadline)
+            if again_stop is not None:
+                pairs, stop, interference, remeasured = again, again_stop, again_interference, True
         failure = None
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
@@ -159,8 +187,42 @@ def candidate_trials(
         failure = str(e)
     except Exception as e:
         failure = f"rejected: {type(e).__name__}: {e}"
-    errors = (check.max_abs_error, check.max_rel_error) if check is not None and check.problem is None else (None, None)
-    return Outcome(index, name, tuple(pairs), verified, failure, budget_hit, *errors)
+    checked = check is not None and check.problem is None
+    return Outcome(index, name, tuple(pairs), verified, failure, budget_hit,
+                   max_abs_error=check.max_abs_error if checked else None,
+                   max_rel_error=check.max_rel_error if checked else None,
+                   stop=stop, interference=interference, remeasured=remeasured)
+
+
+def _sequence(
+    runner: Any, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
+) -> tuple[list[Pair], str | None, Interference]:
+    """One sequence of pairs: ``samples``, then more at each look while undecided. The stop reason is None when
+    the budget ran out before ``samples`` pairs."""
+    name, ref_name = names[index], names[reference]
+    probe = Probe(getattr(runner, "throttle_probe", None))
+    pairs: list[Pair] = []
+    stop: str | None = STOP_MAX_SAMPLES
+    for size in look_sizes(policy.samples, policy.sample_limit):
+        while len(pairs) < size:
+            if time.monotonic() > deadline:
+                stop = STOP_BUDGET if len(pairs) >= policy.samples else None
+                break
+            probe.begin()
+            if len(pairs) % 2 == 0:
+                r = seconds(runner.measure(reference), ref_name)
+                c = seconds(runner.measure(index), name)
+            else:
+                c = seconds(runner.measure(index), name)
+                r = seconds(runner.measure(reference), ref_name)
+            probe.end()
+            pairs.append((r, c))
+        if len(pairs) < size:
+            break
+        if assess(pairs, policy).decided:
+            stop = STOP_DECIDED
+            break
+    return pairs, stop, probe.result([r for r, _ in pairs])
 
 
 def pre_trial_skip(candidate: Candidate, policy: StackPolicy, banned: bool) -> str | None:
@@ -183,27 +245,47 @@ def reference_noise(times: Sequence[float]) -> float:
 def decide(
     reference: int, names: Sequence[str], outcomes: Sequence[Outcome], policy: StackPolicy
 ) -> tuple[Selection, list[CandidateReport]]:
-    """Apply the selection rule to outcomes in plan order; return the winner and a judged entry per outcome."""
+    """Apply the selection rule to outcomes in plan order; return the winner and a judged entry per outcome.
+
+    Only a decided FASTER verdict is offered to the selection; undecided and not-faster candidates keep their
+    ratio in the report but never win. Each note ends with the pairs taken and why sampling stopped."""
     selection = Selection(reference, policy)
     judged: list[CandidateReport] = []
     for outcome in outcomes:
         if outcome.failure is not None:
             judged.append(CandidateReport(outcome.name, len(outcome.pairs), None, None, outcome.verified,
-                                          outcome.failure, outcome.pairs, outcome.index))
+                                          outcome.failure, outcome.pairs, outcome.index,
+                                          stop=outcome.stop, interference=outcome.interference))
             continue
         verdict = judge(outcome.pairs, policy)
-        note = verdict.note
-        if verdict.accepted and verdict.ratio is not None:
+        if verdict.wins and verdict.ratio is not None:
             selection.offer(outcome.index, verdict.ratio, outcome.verified)
-        judged.append(CandidateReport(outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad,
-                                      outcome.verified, note, outcome.pairs, outcome.index))
+        score = verdict.score
+        judged.append(CandidateReport(
+            outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad, outcome.verified,
+            verdict.note + _sampling(outcome), outcome.pairs, outcome.index,
+            score.standing.value if score is not None else None,
+            (score.low, score.high) if score is not None and score.decided else None, outcome.stop, outcome.interference,
+        ))
     winner = selection.index
     final = []
     for j in judged:
         note = j.note
         if j.index == winner:
             note = f"selected: {note}"
-        elif j.ratio is not None and j.note.startswith("ratio "):
+        elif j.standing == Standing.FASTER.value:
             note = f"beaten: {note}, {names[winner]} is faster"
         final.append(dataclasses.replace(j, note=note))
     return selection, final
+
+
+def _sampling(outcome: Outcome) -> str:
+    """The note's tail: how many pairs the verdict took, why sampling stopped, and any interference."""
+    if outcome.stop is None:
+        return ""
+    text = f"; {len(outcome.pairs)} pairs, stopped: {outcome.stop}"
+    if outcome.remeasured:
+        text += ", re-measured after interference"
+    if outcome.interference is not None and outcome.interference.disturbed:
+        text += f"; {outcome.interference.describe()}"
+    return text

@@ -82,9 +82,11 @@ def test_the_report_notes_the_winner_the_beaten_and_the_reference() -> None:
     assert (report.operation, report.workload, report.winner, report.budget_exhausted) == ("matmul", P.workload, "a", False)
     ref, a, b = report.candidates
     assert (ref.name, ref.samples, ref.ratio, ref.verified, ref.note) == ("ref", 3, 1.0, True, "reference")
-    assert (a.samples, a.ratio, a.note) == (3, 0.5, "selected: ratio 0.500")
+    # samples = 3 is a minimum: the sign test cannot decide on 3 pairs, so the next look (7 pairs) decides.
+    assert (a.samples, a.ratio, a.stop, a.standing) == (7, 0.5, "decided", "faster")
+    assert a.note == "selected: ratio 0.500 in [0.500, 0.500]; 7 pairs, stopped: decided"
     assert b.note.startswith("beaten: ratio 0.800") and "a is faster" in b.note
-    assert a.pairs == ((1.0, 0.5),) * 3
+    assert a.pairs == ((1.0, 0.5),) * 7
 
 
 def test_when_the_reference_stays_its_report_says_selected() -> None:
@@ -200,24 +202,27 @@ def test_paired_samples_alternate_which_runs_first() -> None:
     assert runner.calls == reference + candidate
 
 
-def test_the_score_is_the_median_of_the_paired_ratios() -> None:
-    tuner = tuner_with()
-    # warmup, then three samples: ratios 0.5, 0.6, 0.55 -> median 0.55, MAD 0.05
-    decision = tuner.select(P, C[:2], 0, FakeRunner({0: 2.0, 1: [9.0, 1.0, 1.2, 1.1]}))
+def test_the_score_is_the_median_block_ratio_and_its_mad_describes_the_pairs() -> None:
+    tuner = tuner_with(samples=7, max_samples=7)
+    # warmup, then pair ratios 0.5 0.6 0.55 0.55 0.5 0.6 0.55: median 0.55, MAD 0.05. Blocks (a reference-first pair
+    # and the candidate-first pair after it) take each side's minimum: 0.5, 0.55, 0.5 -> ratio 0.5.
+    decision = tuner.select(P, C[:2], 0, FakeRunner({0: 2.0, 1: [9.0, 1.0, 1.2, 1.1, 1.1, 1.0, 1.2, 1.1]}))
     assert decision.index == 1
-    assert decision.ratio == pytest.approx(0.55)
+    assert decision.ratio == pytest.approx(0.5)
     a = tuner.reports()[0].candidates[1]
-    assert a.ratio == pytest.approx(0.55)
+    assert a.ratio == pytest.approx(0.5)
     assert a.relative_mad == pytest.approx(0.05 / 0.55)
 
 
-def test_a_candidate_noisier_than_max_relative_mad_is_rejected_as_noise() -> None:
-    tuner = tuner_with()
-    # ratios 0.3, 0.5, 0.9: median 0.5, MAD 0.2 -> relative MAD 0.4 > 0.15
-    decision = tuner.select(P, C[:2], 0, FakeRunner({1: [0.1, 0.3, 0.5, 0.9]}))
+def test_a_candidate_noisier_than_max_relative_mad_is_undecided_and_never_wins() -> None:
+    tuner = tuner_with(samples=7, max_samples=7)
+    # Pair ratios 0.3 0.5 0.9 0.5 0.3 0.9 0.5: every one below 1 / min_speedup, but the interval [0.3, 0.9] is
+    # far wider than +-0.15 around the ratio: undecided, and the reference stays.
+    decision = tuner.select(P, C[:2], 0, FakeRunner({1: [0.1, 0.3, 0.5, 0.9, 0.5, 0.3, 0.9, 0.5]}))
     assert decision.index == 0
     a = tuner.reports()[0].candidates[1]
-    assert a.note.startswith("noisy") and a.relative_mad == pytest.approx(0.4)
+    assert a.note.startswith("undecided: noisy") and a.relative_mad == pytest.approx(0.4)
+    assert (a.standing, a.stop, a.samples) == ("undecided", "max_samples", 7)
 
 
 @pytest.mark.parametrize(("candidate_seconds", "wins"), [(1.0, True), (1.0000001, False)])
@@ -541,16 +546,17 @@ def test_quarantine_is_checked_before_disabled_mode() -> None:
 
 
 def test_the_budget_stops_the_search_between_candidates(clock: FakeClock) -> None:
-    tuner = tuner_with(budget=0.8)
-    # The reference takes 4 x 0.1 s; candidate a 1 warmup + 3 pairs = 0.5 s more; b would follow at 0.9 s.
+    tuner = tuner_with(budget=1.4)
+    # The reference takes 4 x 0.1 s; candidate a 1 warmup + 7 pairs (3 cannot decide) = 1.1 s more, its last pair
+    # starting at 1.35 s; b would follow at 1.5 s.
     runner = FakeRunner({0: 0.1, 1: 0.05, 2: 0.01}, clock=clock)
     decision = tuner.select(P, C, 0, runner)
     assert decision.name == "a"
     assert 2 not in runner.measured()
     report = tuner.reports()[0]
     assert report.budget_exhausted is True
-    assert report.candidates[2].note == "not tried: budget of 0.8s exhausted"
-    assert report.elapsed == pytest.approx(0.9)
+    assert report.candidates[2].note == "not tried: budget of 1.4s exhausted"
+    assert report.elapsed == pytest.approx(1.5)
 
 
 def test_a_candidate_cut_off_by_the_budget_mid_sampling_is_rejected(clock: FakeClock) -> None:

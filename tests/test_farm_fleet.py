@@ -63,7 +63,9 @@ def test_a_catalog_tunes_on_the_fleet_and_a_fresh_runtime_hits_the_published_dec
     store = RedisDecisions(client=two_workers.client(), settings=two_workers.settings)
     rows = store.trials(big.problem.target.digest, big.record.cache_key)
     vectorized = [r for r in rows if r["candidate"] == "vectorized" and r["role"] == "candidate"]
-    assert len(vectorized) == 5 and all(r["verdict"] == "passed" and r["worker"] for r in vectorized)
+    # samples = 5 is a minimum: the winner's verdict took 5 pairs or more (the looks at 11, 17, 21).
+    assert len(vectorized) in (5, 11, 17, 21) and all(r["verdict"] == "passed" and r["worker"] for r in vectorized)
+    assert f"{len(vectorized)} pairs, stopped: decided" in vectorized[0]["note"]
     assert any(r["candidate"] == "wrong_but_fast" and r["verdict"] == "rejected" for r in rows)
     assert any(r["role"] == "reference" for r in rows)
     hang = decision_of(summary, "farmtest_hang", 500)

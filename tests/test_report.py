@@ -59,7 +59,8 @@ def test_the_report_is_one_self_contained_page_with_every_problem(tmp_path):
     losers = {c["name"]: c["note"] for c in big["candidates"]}
     assert "wrong output" in losers["wrong_but_fast"] and "RuntimeError" in losers["raises"]
     vectorized = next(c for c in big["candidates"] if c["name"] == "vectorized")
-    assert len(vectorized["ratios"]) == 5  # one point per timing pair, for the plot
+    # One point per timing pair, for the plot: samples = 5, then more at the looks while undecided.
+    assert len(vectorized["ratios"]) in (5, 11, 17, 21)
     assert fingerprint["winners"] and fingerprint["median_speedup"] > 1.0
 
 

@@ -130,7 +130,9 @@ def test_trial_outputs_are_checked_against_the_reference_on_this_device():
     result = run_group(task(ctx, n=33), ctx)
     (outcome,) = result["outcomes"]
     assert outcome["verified"] is True and outcome["failure"] is None
-    assert len(outcome["pairs"]) == 3
+    # samples = 3 is the minimum; an undecided verdict takes more pairs at the looks 7, 11 and 13 (max_samples).
+    assert len(outcome["pairs"]) in (3, 7, 11, 13) and outcome["stop"] in ("decided", "max_samples")
+    assert outcome["interference"]["pairs"] == len(outcome["pairs"])
     assert outcome["max_abs_error"] == pytest.approx(0.0, abs=1e-12)
     assert np.isfinite(result["trial_seconds"])
 
