@@ -5,7 +5,7 @@ with every thread pool limited to one thread: the workers' regime, so the same f
 Each problem whose winners differ is classified by the gap between winner and runner-up (the best other eligible
 candidate, the reference counting at ratio 1.0) in each run: "near tie" when both runs saw a gap under 10 %,
 "CLEAR" when either saw 10 % or more (the target: no clear difference), with the other run's verdict on each
-winner in parentheses (noisy, too slow, beaten). For problems whose winners agree, the two
+winner in parentheses (noisy, too slow, beaten, unconfirmed: selected but not reproduced on the second device). For problems whose winners agree, the two
 published ratios are compared against their noise band, 2 x (relative MAD of the farm ratio + that of the
 embedded ratio), at least 5 %: "ratio off" marks a ratio that the other run does not reproduce.
 
@@ -62,6 +62,9 @@ def outcomes(summary: RunSummary) -> dict[str, dict[str, Any]]:
         eligible = {reference: 1.0}  # the reference is not among the judged candidates
         mad = {reference: float(a.record.meta.get("relative_mad") or 0.0) if a.record.name == reference else 0.0}
         notes = {j.name: j.note for j in a.judged}
+        rejected = a.record.meta.get("rejected_winner")
+        if rejected:  # selected, then not reproduced on the second device
+            notes[rejected] = "unconfirmed: " + notes.get(rejected, "")
         for j in a.judged:
             ratio = 1.0 if j.name == reference else j.ratio
             if ratio is not None and (j.verified or j.name == reference):
