@@ -127,8 +127,8 @@ def test_a_blas_bound_decision_is_reproduced_and_served_in_its_regime_only(pinne
     assert served["source"] == "FLEET_CACHE" and served["name"] == record.name
     # ... and one in another regime is not: it tunes for itself, under another key.
     other = application([0, 1], pinned.env, {"catalog": str(catalog), "spec": SPEC, "redis": pinned.results_url})
+    # (Its winner is its own: two BLAS threads on two busy cores can make even this choice go the other way.)
     assert other["source"] == "TUNED" and other["cache_key"] != record.cache_key
-    assert other["name"] == record.name
 
 
 def test_a_worker_declared_with_two_cores_serves_applications_on_two_cores(redis_srv, tmp_path):
