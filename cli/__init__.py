@@ -75,12 +75,16 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
 @click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", required=True)
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str) -> None:
+@click.option("--cores", help="Cores this worker owns: a count (2: cpu:N takes the Nth block of 2) or a CPU list "
+              "(0-3, 0,2); every thread pool is limited to them. Default: CPU N alone (cpu:N).")
+def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str,
+           cores: str | None) -> None:
     """Run one worker process pinned to DEVICE."""
     from farm_workers.worker import run_worker
 
     with _errors():
-        sys.exit(run_worker(device, Settings.from_env(broker_url=broker, redis_url=redis_url), kernels, loglevel))
+        settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
+        sys.exit(run_worker(device, settings, kernels, loglevel, cores=cores))
 
 
 @main.command()

@@ -1,5 +1,5 @@
-"""`farm status`: the fleet at a glance: workers per fingerprint and their state, queue depths, decisions per
-fingerprint, and tuning runs with their progress."""
+"""`farm status`: the fleet at a glance: workers per fingerprint with their state and regime (cores, BLAS and
+OpenMP pool sizes), queue depths, decisions per fingerprint, and tuning runs with their progress."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
     return {
         "workers": [
             {**w.to_fields(), "state": w.effective_state(settings, now), "heartbeat_age": round(now - w.updated, 1),
-             "queued": int(broker.llen(w.queue)) if broker is not None else None}
+             "queued": int(broker.llen(w.queue)) if broker is not None else None, "regime": w.regime(),
+             "blas_threads": w.blas_threads, "openmp_threads": w.openmp_threads}
             for w in workers
         ],
         "fingerprints": fingerprints,
@@ -66,10 +67,10 @@ def render(status: dict[str, Any]) -> Group:
         fps.add_row(f["digest"], ", ".join(f["models"]) or "-", online,
                     "-" if f["queued"] is None else str(f["queued"]), str(f["decisions"]))
     workers = Table(title="workers")
-    for column in ("worker", "device", "model", "fingerprint", "state", "heartbeat", "version"):
+    for column in ("worker", "device", "model", "regime", "fingerprint", "state", "heartbeat", "version"):
         workers.add_column(column)
     for w in status["workers"]:
-        workers.add_row(w["worker_id"], w["device"], w["model"], w["fingerprint"][:8], w["state"],
+        workers.add_row(w["worker_id"], w["device"], w["model"], w["regime"], w["fingerprint"][:8], w["state"],
                         f"{w['heartbeat_age']}s ago", w["farm_version"])
     runs = Table(title="tuning runs")
     for column in ("run", "catalog", "host", "state", "groups done", "published"):

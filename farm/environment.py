@@ -1,8 +1,13 @@
-"""Environment identity: the fingerprint of a device CLASS (model, driver, compiler, build, options).
+"""Environment identity: the fingerprint of a device CLASS (model, driver, compiler, build, options) in one
+execution regime.
 
 The fingerprint never names a device index, so a decision tuned on GPU 3 of one host serves GPU 0 of another
-host of the same model. It is persistent (disk and fleet reuse) only when both a driver identity and a build
-identity are known; otherwise it is unique to this process and nothing is written.
+host of the same model. It does name the regime the decision is true for (tuning regime = serving regime): for
+the host, the size of the process's CPU set and of its BLAS and OpenMP pools; for CUDA, the model, compute
+capability, MIG profile, compute mode, driver, CUDA runtime, NVRTC and CuPy versions. A process computes it from
+itself, so a decision measured in another regime has another fingerprint and is never served. It is persistent
+(disk and fleet reuse) only when both a driver identity and a build identity are known; otherwise it is unique to
+this process and nothing is written.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from pathlib import Path
 
 from farm.identity import DEFAULT_CONTEXT, fields
 from farm.runtimes.base import ComputeClient
+from farm.runtimes.host import regime_key
 
 DRIVER_TAG = "FARM_AUTOTUNE_DRIVER_TAG"
 BUILD_TAG = "FARM_AUTOTUNE_BUILD_TAG"
 CONTEXT_TAG = "FARM_AUTOTUNE_CONTEXT_TAG"
-BUILD_PACKAGES = ("farm", "kernels")
+BUILD_PACKAGES = ("farm", "farm_kernels")
 UNAVAILABLE = "unavailable"
 
 
@@ -93,13 +99,17 @@ def session_identity() -> str:
         return _session
 
 
-_memo: dict[tuple[type, str, str], RuntimeEnvironment] = {}
+_memo: dict[tuple[type, str, str, tuple[int, ...]], RuntimeEnvironment] = {}
 _memo_lock = threading.Lock()
 
 
 def runtime_environment(client: ComputeClient) -> RuntimeEnvironment:
-    """Probe and memoize (bounded) the environment of ``client``. Deployment tags must be set before first use."""
-    key = (type(client), client.device_id, client.properties_fingerprint())
+    """Probe and memoize (bounded) the environment of ``client``. Deployment tags must be set before first use.
+
+    The memo notices a change of the process's CPU set or of a loaded pool's size (``os.sched_setaffinity``,
+    ``threadpoolctl.threadpool_limits``) and probes again; after loading a new numeric library mid-process, call
+    :func:`clear_environment_memo`."""
+    key = (type(client), client.device_id, client.properties_fingerprint(), regime_key())
     with _memo_lock:
         found = _memo.get(key)
     if found is not None:

@@ -20,7 +20,8 @@ STALE = "stale"
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """What a worker announces about itself."""
+    """What a worker announces about itself. Its regime: ``cores`` (the CPU list it is pinned to, "" when
+    unpinned) and the sizes of its BLAS and OpenMP pools (0 when the worker did not say)."""
 
     worker_id: str
     host: str
@@ -34,6 +35,15 @@ class WorkerInfo:
     updated: float
     queue: str
     hostname: str = ""
+    cores: str = ""
+    blas_threads: int = 0
+    openmp_threads: int = 0
+
+    def regime(self) -> str:
+        """``cores 0-1 (2); blas 2; openmp 2`` for people."""
+        count = sum(b - a + 1 for a, _, b in (_span(p) for p in self.cores.split(",") if p))
+        cores = f"cores {self.cores} ({count})" if self.cores else "unpinned"
+        return f"{cores}; blas {self.blas_threads or '?'}; openmp {self.openmp_threads or '?'}"
 
     def to_fields(self) -> dict[str, str]:
         return {k: str(v) for k, v in asdict(self).items()}
@@ -44,7 +54,8 @@ class WorkerInfo:
             worker_id=data["worker_id"], host=data["host"], device=data["device"], device_kind=data["device_kind"],
             fingerprint=data["fingerprint"], model=data["model"], farm_version=data["farm_version"],
             state=data["state"], pid=int(data["pid"]), updated=float(data["updated"]), queue=data["queue"],
-            hostname=data.get("hostname", ""),
+            hostname=data.get("hostname", ""), cores=data.get("cores", ""),
+            blas_threads=int(data.get("blas_threads", 0)), openmp_threads=int(data.get("openmp_threads", 0)),
         )
 
     def effective_state(self, settings: Settings, now: float | None = None) -> str:
@@ -52,6 +63,11 @@ class WorkerInfo:
         if self.state != QUARANTINED and now - self.updated > 2 * settings.heartbeat_seconds:
             return STALE
         return self.state
+
+
+def _span(part: str) -> tuple[int, str, int]:
+    low, dash, high = part.partition("-")
+    return int(low), dash, int(high) if dash else int(low)
 
 
 def announce(client: Any, settings: Settings, info: WorkerInfo) -> None:

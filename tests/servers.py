@@ -133,12 +133,13 @@ def farm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start_worker(device: str, broker: str, redis_url: str, directory: Path, env: dict[str, str],
-                 kernels: tuple[str, ...] = ("farm_testops",)) -> WorkerProcess:
+                 kernels: tuple[str, ...] = ("farm_testops",), extra: tuple[str, ...] = ()) -> WorkerProcess:
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / f"worker-{device.replace(':', '')}-{time.monotonic_ns()}.log"
     args = [sys.executable, "-m", "farm_cli", "worker", "--device", device, "--broker", broker, "--redis", redis_url]
     for module in kernels:
         args += ["--kernels", module]
+    args += list(extra)
     with open(log, "wb") as out:
         process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=directory,
                                    start_new_session=True)

@@ -3,6 +3,9 @@ coordinator. Hostile test operations come from tests/farm_testops.py."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 from farm_helpers import fleet, write_catalog
@@ -25,6 +28,20 @@ HANG = """
 operation = "farmtest_hang"
 workloads = [{ n = 500, dtype = "float64" }]
 """
+
+
+@contextlib.contextmanager
+def workers_regime():
+    """This process in the regime of a default host worker: CPU 0 alone, every thread pool at one thread."""
+    from threadpoolctl import threadpool_limits
+
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        os.sched_setaffinity(0, cpus)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +100,9 @@ def test_a_catalog_tunes_on_the_fleet_and_a_fresh_runtime_hits_the_published_dec
     inputs = op.build({"n": 1500, "dtype": "float64"}, client)
     from farm.adapter import RuntimeTrials, prepare
 
-    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
-    decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, tuner.policy.timing))
+    with workers_regime():  # the fingerprint names the regime: one core, one thread per pool, as the workers
+        prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
+        decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, tuner.policy.timing))
     assert decision.source is farm.DecisionSource.FLEET_CACHE
     assert decision.name == "vectorized"
     again = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, tuner.policy.timing))

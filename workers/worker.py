@@ -1,8 +1,11 @@
 """``farm worker``: one process per device, pinned before any CUDA initialization, announced in Redis.
 
-cuda:N sets CUDA_VISIBLE_DEVICES=N (the pool process then sees it as cuda:0); cpu:N pins the process (and the
-pool process it forks) to CPU N. The environment is probed in a separate process for CUDA devices so that the
-parent never initializes CUDA before forking. The worker consumes the queue of its fingerprint and its own.
+cuda:N sets CUDA_VISIBLE_DEVICES=N (the pool process then sees it as cuda:0). cpu:N pins the process (and the
+pool process it forks) to the cores it owns (``--cores``; by default CPU N alone) and limits every thread pool
+(BLAS, OpenMP) to that many threads, both before the environment is probed: the regime the worker tunes in is the
+regime its fingerprint names, and an application computes the same fingerprint only in the same regime. The
+environment is probed in a separate process for CUDA devices so that the parent never initializes CUDA before
+forking. The worker consumes the queue of its fingerprint and its own.
 """
 
 from __future__ import annotations
@@ -15,28 +18,85 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from farm.environment import farm_version, runtime_environment
 from farm.errors import ConfigError
 from farm.runtimes.base import client_for, parse_device
+from farm.runtimes.host import host_regime, limit_threads
 from farm_fleet import presence
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def pin(device: str) -> str:
-    """Pin this process to ``device``; return the device id the pinned process uses."""
+def parse_cores(spec: str | None, index: int, available: set[int] | frozenset[int]) -> frozenset[int]:
+    """The CPUs worker ``cpu:index`` owns. ``None``: CPU ``index`` alone. A list (``0-3``, ``0,2,4-5``, ``3-3``):
+    those CPUs. A bare count ``K``: the K allowed CPUs at positions ``index*K .. index*K+K-1`` of the sorted
+    allowed set, so that cpu:0, cpu:1, ... declared with the same count share no core. Raises ConfigError."""
+    def bad(reason: str) -> ConfigError:
+        return ConfigError("--cores", "cores", spec, reason)
+
+    if spec is None:
+        wanted = {index}
+    elif spec.strip().isdigit():
+        count, allowed = int(spec), sorted(available)
+        if count < 1:
+            raise bad("a core count must be at least 1")
+        wanted = set(allowed[index * count:(index + 1) * count])
+        if len(wanted) < count:
+            raise bad(f"cpu:{index} with {count} cores needs CPUs at positions {index * count}..{(index + 1) * count - 1} "
+                      f"of the {len(allowed)} allowed ({format_cpus(allowed)})")
+    else:
+        wanted = set()
+        for part in spec.split(","):
+            low, dash, high = part.strip().partition("-")
+            if not low.isdigit() or (dash and not high.isdigit()):
+                raise bad("use a count (4) or a CPU list (0-3, 0,2,4-5)")
+            first, last = int(low), int(high) if dash else int(low)
+            if last < first:
+                raise bad(f"range {part.strip()} runs backwards")
+            wanted.update(range(first, last + 1))
+    missing = sorted(wanted - set(available))
+    if missing:
+        raise bad(f"CPU {format_cpus(missing)} is not available to this process (have {format_cpus(available)})")
+    return frozenset(wanted)
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"`` (the taskset/cpuset list syntax)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def pin(device: str, cores: str | None = None) -> tuple[str, frozenset[int] | None]:
+    """Pin this process to ``device``; return the device id the pinned process uses and the cores it owns.
+
+    A host device also limits every thread pool to its core count (the environment for libraries that load
+    later, threadpoolctl for those already loaded), so no library runs more threads than the worker has cores.
+    A CUDA device pins its host threads only when ``cores`` is given."""
     kind, index = parse_device(device)
     if kind == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
-        return "cuda:0"
-    available = os.sched_getaffinity(0)
-    if index not in available:
-        raise ConfigError("--device", "device", device, f"CPU {index} is not available (have {sorted(available)})")
-    os.sched_setaffinity(0, {index})
-    return device
+        if cores is None:
+            return "cuda:0", None
+        owned = parse_cores(cores, 0, os.sched_getaffinity(0))
+        os.sched_setaffinity(0, owned)
+        limit_threads(len(owned))
+        return "cuda:0", owned
+    owned = parse_cores(cores, index, os.sched_getaffinity(0))
+    os.sched_setaffinity(0, owned)
+    regime = limit_threads(len(owned))
+    if max(regime.blas, regime.openmp) > len(owned):
+        raise ConfigError("--cores", "cores", cores, f"a thread pool kept more threads than {len(owned)} cores "
+                          f"after limiting ({regime.text()})")
+    return device, owned
 
 
 def probe(device: str) -> dict[str, Any]:
@@ -57,22 +117,27 @@ def probe_here(device: str) -> dict[str, Any]:
         "digest": env.digest,
         "persistent": env.persistent,
         "model": client.model(),
+        "regime": host_regime().to_dict(),
     }
 
 
-def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), loglevel: str = "INFO") -> int:
-    """Run the worker until it is stopped; return its exit code."""
+def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), loglevel: str = "INFO",
+               cores: str | None = None) -> int:
+    """Run the worker until it is stopped; return its exit code. ``cores``: see :func:`parse_cores`."""
     if not settings.broker_url or not settings.redis_url:
         raise ConfigError("farm worker", "--broker/--redis", None, "both the broker URL and the Redis URL are required")
     from farm_kernels import registry
 
     registry.ensure_loaded(kernels)  # fail early on a bad --kernels module
-    pinned = pin(device)
+    pinned, owned = pin(device, cores)
     os.environ["FARM_WORKER_DEVICE"] = pinned
     os.environ["FARM_KERNELS"] = ",".join(kernels)
     os.environ["FARM_BROKER_URL"] = settings.broker_url
     os.environ["FARM_REDIS_URL"] = settings.redis_url
     identity = probe(pinned)
+    regime = identity["regime"]
+    log.info("worker %s on cores %s: %s", device, format_cpus(owned) if owned else "unpinned",
+             host_regime().text())
     if not identity["persistent"]:
         log.warning("environment is session-only (no driver or build identity): decisions will not be reusable")
     host = socket.gethostname()
@@ -91,7 +156,8 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     info = presence.WorkerInfo(
         worker_id=worker_id, host=host, device=device, device_kind=kind, fingerprint=identity["digest"],
         model=identity["model"], farm_version=farm_version(), state=presence.HEALTHY, pid=os.getpid(),
-        updated=time.time(), queue=queues[1], hostname=nodename,
+        updated=time.time(), queue=queues[1], hostname=nodename, cores=format_cpus(owned) if owned else "",
+        blas_threads=int(regime["blas"]), openmp_threads=int(regime["openmp"]),
     )
     presence.announce(redis_client, settings, info)
     stop = threading.Event()

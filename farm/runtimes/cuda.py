@@ -2,11 +2,18 @@
 
 Importing this module never touches CuPy or a GPU; creating a :class:`CudaClient` does, and raises TuneFailure
 UNAVAILABLE with "no CUDA device" (or how to install CuPy) when it cannot.
+
+The fingerprint names the regime a decision is true for: model, compute capability, SMs and memory, MIG profile
+and compute mode (properties); CUDA driver and runtime versions (driver); NVRTC and CuPy versions (compiler). The
+MIG profile comes from NVML (``nvidia-ml-py``) when it is installed, else it reads ``mig unknown``: install it on
+workers and applications alike, or on neither.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
@@ -95,18 +102,10 @@ class CudaClient:
         return _properties(self.index).split(";")[0]
 
     def driver_fingerprint(self) -> str | None:
-        rt = self._cupy.cuda.runtime
-        try:
-            return f"cuda driver {rt.driverGetVersion()}; runtime {rt.runtimeGetVersion()}"
-        except Exception:
-            return None
+        return driver_text(self._cupy)
 
     def compiler(self) -> str:
-        try:
-            nvrtc = ".".join(map(str, self._cupy.cuda.nvrtc.getVersion()))
-        except Exception:
-            nvrtc = "unknown"
-        return f"cupy {self._cupy.__version__}; nvrtc {nvrtc}"
+        return compiler_text(self._cupy)
 
     def runtime_options(self) -> str:
         return f"allocator={type(self._cupy.get_default_memory_pool()).__name__}"
@@ -115,13 +114,75 @@ class CudaClient:
         return f"CudaClient({self.device_id})"
 
 
+COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
+
+
 @cache
 def _properties(index: int) -> str:
     import cupy
 
-    p = cupy.cuda.runtime.getDeviceProperties(index)
+    rt = cupy.cuda.runtime
+    return properties_text(rt.getDeviceProperties(index), mig_profile(rt.deviceGetPCIBusId(index), index))
+
+
+def properties_text(p: dict[str, Any], mig: str) -> str:
+    """The device-class part of the fingerprint from CuPy's ``getDeviceProperties`` dict (pure: tests pass
+    fakes): model, compute capability, SMs, memory, clock, compute mode and MIG profile."""
     name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+    mode = p.get("computeMode")
     return (
         f"{name}; sm_{p['major']}{p['minor']}; {p['multiProcessorCount']} SMs; "
-        f"{p['totalGlobalMem']} bytes; {p.get('clockRate', '?')} kHz"
+        f"{p['totalGlobalMem']} bytes; {p.get('clockRate', '?')} kHz; "
+        f"compute mode {COMPUTE_MODES.get(mode, str(mode)) if mode is not None else 'unknown'}; {mig}"
     )
+
+
+def driver_text(cupy: Any) -> str | None:
+    """CUDA driver and runtime versions, or None when the driver cannot say."""
+    rt = cupy.cuda.runtime
+    try:
+        return f"cuda driver {rt.driverGetVersion()}; runtime {rt.runtimeGetVersion()}"
+    except Exception:
+        return None
+
+
+def compiler_text(cupy: Any) -> str:
+    """CuPy and NVRTC versions."""
+    try:
+        nvrtc = ".".join(map(str, cupy.cuda.nvrtc.getVersion()))
+    except Exception:
+        nvrtc = "unknown"
+    return f"cupy {cupy.__version__}; nvrtc {nvrtc}"
+
+
+def mig_profile(pci_bus_id: str, index: int = 0, nvml: Any = None) -> str:
+    """``mig off``, ``mig <profile>`` (``mig 1g.18gb``), ``mig on`` (profile not visible) or ``mig unknown``
+    without NVML. With MIG instances named in CUDA_VISIBLE_DEVICES (MIG-...), NVML names the profile of visible
+    device ``index``; ``nvml`` is the pynvml module (tests pass a fake)."""
+    try:
+        if nvml is None:
+            nvml = importlib.import_module("pynvml")
+        nvml.nvmlInit()
+    except Exception:
+        return "mig unknown"
+    try:
+        handle = nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+        if not current:
+            return "mig off"
+        uuids = _visible_mig_uuids()
+        if index >= len(uuids):
+            return "mig on"
+        name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByUUID(uuids[index]))
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        return f"mig {name.rpartition(' MIG ')[2] or name}"
+    except Exception:
+        return "mig unknown"
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _visible_mig_uuids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return [v.strip() for v in visible.split(",") if v.strip().startswith("MIG-")]
