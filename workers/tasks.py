@@ -149,7 +149,13 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
     from farm_kernels import registry
 
-    registry.ensure_loaded((*ctx.kernels, *task.kernels))
+    # Operations come only from the worker's own configuration (--kernels, entry points): a message may name the
+    # modules it expects, but that list is a check, never something to import (issue 12).
+    registry.ensure_loaded(ctx.kernels)
+    if task.operation not in registry.names():
+        expected = f" (the task expects modules {', '.join(task.kernels)})" if task.kernels else ""
+        raise LookupError(f"this worker has no operation {task.operation!r}{expected}: start it with --kernels "
+                          f"naming the module (known: {', '.join(registry.names())})")
     if task.fingerprint != ctx.digest:
         raise ValueError(f"task for fingerprint {task.fingerprint} reached a worker of fingerprint {ctx.digest}")
     operation = registry.get(task.operation)
