@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
 from farm.scoring import valid_seconds
@@ -267,6 +267,9 @@ class StackTuner:
         try:
             with tuning_scope():
                 return self._miss(req, runner)
+        except DeviceBusy:  # the device's lock cannot be taken: the reference, as for any contended device
+            self._count("busy_fallbacks")
+            return self._reference(req, DecisionSource.BUSY)
         except TuneFailure as e:
             if e.kind is FailureKind.DEVICE:
                 with self._lock:

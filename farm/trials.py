@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import Candidate, fits_workspace
 from farm.policy import StackPolicy
 from farm.scoring import Pair, Selection, judge, valid_seconds
@@ -107,6 +107,8 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise ValidationUnavailable(name)
         return [seconds(runner.measure(reference), name) for _ in range(policy.samples)]
+    except DeviceBusy:
+        raise
     except (ValidationUnavailable, TuneFailure) as e:
         if isinstance(e, ValidationUnavailable) or e.kind is FailureKind.DEVICE:
             raise
@@ -151,6 +153,8 @@ def candidate_trials(
                 r = seconds(runner.measure(reference), ref_name)
             pairs.append((r, c))
         failure = None
+    except DeviceBusy:
+        raise
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
             raise

@@ -19,7 +19,7 @@ from typing import Any
 from farm.adapter import RuntimeTrials, stack_request
 from farm.engine import Validation
 from farm.environment import farm_version, runtime_environment
-from farm.errors import ConfigError, FailureKind, TuneFailure
+from farm.errors import ConfigError, DeviceBusy, FailureKind, TuneFailure
 from farm.identity import cache_key
 from farm.policy import StackPolicy, Tolerance
 from farm.runtimes.base import ComputeClient
@@ -141,7 +141,7 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
                 ctx.on_quarantine(e.message)
             raise DeviceQuarantined(e.message) from e
         result = GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
-    except (ConfigError, ProtocolError, LookupError, ValueError) as e:
+    except (ConfigError, ProtocolError, LookupError, ValueError, DeviceBusy) as e:
         result = GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
     return ctx.results.put_if_absent(result).to_dict()
 
