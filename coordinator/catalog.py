@@ -50,7 +50,9 @@ def workload_label(operation: str, spec: Any) -> str:
     if operation in registry.names():
         with contextlib.suppress(Exception):
             return registry.get(operation).label(spec)
-    return " ".join(f"{k}={v}" for k, v in spec.items())
+    # As Operation.label writes it: text values (dtype, layout choices) bare, after the sizes.
+    sizes = [f"{k}={v}" for k, v in spec.items() if not isinstance(v, str)]
+    return " ".join(sizes + [v for v in spec.values() if isinstance(v, str)])
 
 
 def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
