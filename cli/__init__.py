@@ -101,6 +101,10 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
             _check(broker, redis_url)
             cat = load_catalog(catalog, kernels)
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
+            if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
+                from farm_coordinator.metrics import RunMetrics
+
+                progress = RunMetrics(parts["runlog"].client, settings, progress)
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)
         except BaseException as e:

@@ -2,7 +2,8 @@
 
 Both count what the run's summary counts: problems published, failed and reused (already decided), plus trials.
 They implement the coordinator's progress hook (``farm_coordinator.run.tune(progress=...)``): ``started`` once,
-``group_done`` per finished candidate group, ``problem_done`` per settled problem, ``finished`` once.
+``group_done`` per finished candidate group, ``problem_done`` per settled problem (with its aggregate when the
+run decided it), ``finished`` once.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class LogProgress:
         self.counts.trials += trials
         self._maybe_log()
 
-    def problem_done(self, outcome: str) -> None:
+    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
         self._maybe_log()
 
@@ -96,7 +97,7 @@ class TerminalProgress(LogProgress):
         self.counts.trials += trials
         self._refresh()
 
-    def problem_done(self, outcome: str) -> None:
+    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
         self._refresh()
 

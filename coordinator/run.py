@@ -124,7 +124,7 @@ def tune(
     lease expires), and group results already stored under a problem's round are reused (resume after a crash).
 
     ``progress``: a hook with ``started(run, problems, reused, trials)``, ``group_done(trials)``,
-    ``problem_done(outcome)`` (outcome "published", "failed" or "reused") and ``finished()``; without one, a rich
+    ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused") and ``finished()``; without one, a rich
     bar is drawn on ``console`` when it is a terminal.
     """
     from farm_coordinator.leases import LocalLeases
@@ -316,7 +316,7 @@ class _Run:
         self.summary.aggregates.append(agg)
         self.leases.release(agg.problem.problem_id, self.run)
         if self.hook is not None:
-            self.hook.problem_done("published" if agg.record is not None else "failed")
+            self.hook.problem_done("published" if agg.record is not None else "failed", agg)
 
     def _expire(self) -> None:
         """The run's timeout passed: every missing group is recorded as failed and what can be decided is."""
