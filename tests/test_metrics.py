@@ -125,3 +125,23 @@ workloads = [{ n = 500, dtype = "float64" }, { n = 9, dtype = "float64" }]
 
 def _digest(f) -> str:
     return presence.live_workers(f.client(), f.settings)[0].fingerprint
+
+
+def test_the_scrape_config_and_the_dashboard_use_only_metrics_that_exist():
+    import json
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    config = yaml.safe_load((root / "docker" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["farm-metrics"]["static_configs"][0]["targets"] == ["127.0.0.1:9808"]  # `farm metrics`' default
+    dashboard = json.loads((root / "docker" / "grafana" / "farm-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {name for e in exprs for name in re.findall(r"\b((?:farm|flower)_[a-z_]+)\b", e)}
+    exported = {"farm_up", "farm_decisions_published_total", "farm_decisions_failed_total",
+                "farm_decisions_reused_total", "farm_trial_seconds_total", "farm_confirmations_total", "farm_workers",
+                "farm_queue_depth", "farm_decisions", "farm_runs", "flower_events_total"}
+    assert used and used <= exported, used - exported
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
