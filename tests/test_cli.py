@@ -209,3 +209,53 @@ workloads = [{ n = 16, dtype = "float64" }, { n = 16, dtype = "float64", seed = 
 """)
     line = one_line_error(farm("tune", str(catalog), *KERNELS, cwd=tmp_path))
     assert "problems[0].workloads[1]" in line and "duplicates problems[0].workloads[0]" in line
+
+
+@pytest.mark.servers
+def test_a_worker_logs_json_lines_with_task_results_only_at_debug(redis_srv, tmp_path):
+    import uuid
+
+    from farm_helpers import WORKER_ENV
+    from servers import wait_for, wait_worker_ready
+
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
+    from farm_fleet.settings import Settings
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    redis_srv.client(0).flushall()
+    env = farm_env({**WORKER_ENV, "FARM_PREFIX": prefix})
+    settings = Settings.from_env(env, broker_url=redis_srv.url(0), redis_url=redis_srv.url(1))
+
+    def start(level: str):
+        log = tmp_path / f"worker-{level}.log"
+        args = [sys.executable, "-m", "farm_cli", "worker", "--device", "cpu:0", "--broker", settings.broker_url,
+                "--redis", settings.redis_url, "--kernels", "farm_testops", "--log-json", "--loglevel", level]
+        with open(log, "wb") as out:
+            process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                                       start_new_session=True)
+        from servers import WorkerProcess
+
+        worker = WorkerProcess("cpu:0", process, log)
+        wait_worker_ready(worker, redis_srv.client(1), prefix)
+        return worker
+
+    from farm_cli import _celery_parts
+
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", SCALE), ("farm_testops",))
+    for level in ("INFO", "DEBUG"):
+        worker = start(level)
+        try:
+            tune(catalog, settings=settings, force=True, **_celery_parts(settings))
+            wait_for(lambda w=worker: "succeeded in" in w.output(), 30, "the task's success line")
+        finally:
+            worker.stop()
+        records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+        assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+        done = [r for r in records if r["logger"] == "celery.app.trace" and "succeeded in" in r["message"]]
+        assert done and all(r["level"] == "INFO" and "'names'" not in r["message"] for r in done)
+        results = [r for r in records if r["logger"] == "farm.workers.results"]
+        if level == "INFO":
+            assert results == []
+        else:
+            assert results and all(r["level"] == "DEBUG" and "'names'" in r["message"] for r in results)
