@@ -82,6 +82,8 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
         policy = StackPolicy.from_dict(policy_table)
     except TuneFailure as e:
         raise ConfigError(source, "policy", policy_table, e.message) from e
+    except (TypeError, ValueError, OverflowError) as e:  # a value no policy field can hold (found by fuzzing)
+        raise ConfigError(source, "policy", policy_table, f"invalid value: {e}") from e
     problems = data.get("problems")
     if not isinstance(problems, list) or not problems:
         raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
@@ -118,7 +120,10 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
             kinds = tuple(devices) if devices is not None else operation.devices_for(spec) or operation.devices
             # Duplicates are found on the spec with every default filled in: `seed = 0` spelled out is the same
             # workload (and the same cache key) as `seed` left out.
-            normalized = operation.normalize(spec, source, devices=kinds, prefix=at)
+            try:
+                normalized = operation.normalize(spec, source, devices=kinds, prefix=at)
+            except (TypeError, ValueError, OverflowError) as e:  # found by fuzzing: values of unexpected types
+                raise ConfigError(source, at, spec, f"invalid workload: {type(e).__name__}: {e}") from e
             for kind in kinds:
                 identity = (name, canonical_json(normalized), kind)
                 if identity in seen:
