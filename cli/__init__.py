@@ -137,7 +137,7 @@ def _abandon(parts: dict[str, Any], run_id: str, progress: Any, state: str) -> N
         return
     try:
         counts = progress.counts
-        runlog.update(run_id, counts.trials, counts.settled.get("published", 0), state=state)
+        runlog.update(run_id, counts.groups, counts.settled.get("published", 0), state=state)
     except Exception:  # the server that failed the run may be the one holding the run log
         pass
 

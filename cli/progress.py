@@ -24,6 +24,7 @@ class Counts:
     problems: int = 0
     trials_total: int = 0
     trials: int = 0
+    groups: int = 0
     settled: dict[str, int] = field(default_factory=lambda: {PUBLISHED: 0, FAILED: 0, REUSED: 0})
     started: float = field(default_factory=time.monotonic)
 
@@ -59,6 +60,7 @@ class LogProgress:
 
     def group_done(self, trials: int) -> None:
         self.counts.trials += trials
+        self.counts.groups += 1
         self._maybe_log()
 
     def problem_done(self, outcome: str, aggregate: Any = None) -> None:
@@ -95,6 +97,7 @@ class TerminalProgress(LogProgress):
 
     def group_done(self, trials: int) -> None:
         self.counts.trials += trials
+        self.counts.groups += 1
         self._refresh()
 
     def problem_done(self, outcome: str, aggregate: Any = None) -> None:

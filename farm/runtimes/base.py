@@ -83,6 +83,9 @@ def lock_directory() -> Path:
     return Path(tempfile.gettempdir()) / f"farm-locks-{os.geteuid()}"
 
 
+_verified: set[Path] = set()  # lock folders checked by this process (a trial takes the lock: keep it cheap)
+
+
 def _private_directory(path: Path) -> None:
     """Create ``path`` 0700 if needed and check that it is a real directory owned by this user, closed to others:
     a folder another local user created or can write would let them hold (or fake) our locks."""
@@ -160,16 +163,17 @@ class DeviceLock:
         open) raises DeviceBusy: the caller uses the reference; it is never a device failure."""
         directory = self.path.parent
         shared = bool(os.environ.get(LOCK_DIR_VARIABLE))
-        if shared:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise DeviceBusy(f"cannot create the device lock folder {directory}: {e}") from e
-        else:
-            _private_directory(directory)
+        if directory not in _verified:
+            self._prepare(directory, shared)
+        # No symlinks: a planted link must not make us create or lock another file.
+        flags, mode = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 if shared else 0o600
         try:
-            # No symlinks: a planted link must not make us create or lock another file.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 if shared else 0o600)
+            try:
+                fd = os.open(self.path, flags, mode)
+            except FileNotFoundError:  # the folder went away since we checked it: check (and create) it again
+                _verified.discard(directory)
+                self._prepare(directory, shared)
+                fd = os.open(self.path, flags, mode)
         except OSError as e:
             raise DeviceBusy(f"cannot open device lock {self.path}: {e}") from e
         try:
@@ -178,3 +182,14 @@ class DeviceLock:
             os.close(fd)
             raise DeviceBusy(f"cannot lock {self.path}: {e}") from e
         return fd
+
+    @staticmethod
+    def _prepare(directory: Path, shared: bool) -> None:
+        if shared:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DeviceBusy(f"cannot create the device lock folder {directory}: {e}") from e
+        else:
+            _private_directory(directory)
+        _verified.add(directory)
