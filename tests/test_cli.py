@@ -259,3 +259,44 @@ def test_a_worker_logs_json_lines_with_task_results_only_at_debug(redis_srv, tmp
             assert results == []
         else:
             assert results and all(r["level"] == "DEBUG" and "'names'" in r["message"] for r in results)
+
+
+@pytest.mark.servers
+def test_an_interrupted_fleet_run_exits_130_and_is_not_left_running_in_status(redis_srv, tmp_path):
+    import signal
+    import uuid
+
+    from farm_helpers import WORKER_ENV
+    from servers import start_worker, wait_for, wait_worker_ready
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    redis_srv.client(0).flushall()
+    env = farm_env({**WORKER_ENV, "FARM_PREFIX": prefix})
+    broker, results = redis_srv.url(0), redis_srv.url(1)
+    worker = start_worker("cpu:0", broker, results, tmp_path / "w", env, kernels=("farm_testops", "farm_uxops"))
+    try:
+        wait_worker_ready(worker, redis_srv.client(1), prefix)
+        slow = "\n".join(f'[[problems]]\noperation = "uxtest_slow"\nworkloads = [{{ n = {n}, dtype = "float64" }}]'
+                         for n in range(16, 96, 4))
+        catalog = write_catalog(tmp_path / "c.toml", slow)
+        args = [sys.executable, "-m", "farm_cli", "tune", str(catalog), "--broker", broker, "--redis", results,
+                *KERNELS, "--log-json"]
+        coordinator = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                       cwd=tmp_path)
+
+        def running() -> list[dict]:
+            status = farm("status", "--json", "--redis", results, cwd=tmp_path, env={"FARM_PREFIX": prefix})
+            runs = json.loads(status.stdout)["runs"] if status.returncode == 0 else []
+            return [r for r in runs if r["state"] == "running" and r["done"] > 0]
+
+        wait_for(running, 120, "the run to be running with groups done")
+        coordinator.send_signal(signal.SIGINT)
+        _, err = coordinator.communicate(timeout=120)
+        assert coordinator.returncode == 130, err[-2000:]
+        assert "farm: interrupted" in err and "rerun `farm tune" in err and "Traceback" not in err
+        status = farm("status", "--json", "--redis", results, cwd=tmp_path, env={"FARM_PREFIX": prefix})
+        (run,) = json.loads(status.stdout)["runs"]
+        assert run["state"] == "interrupted"
+        assert isinstance(run["pid"], int) and isinstance(run["done"], int) and isinstance(run["started"], float)
+    finally:
+        worker.stop()
