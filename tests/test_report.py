@@ -100,3 +100,44 @@ def test_the_report_summarizes_the_environment_names_the_archive_and_scales_ever
     assert environment_summary("not an encoding") == [("fingerprint", "not an encoding")]
     ticks = ratio_ticks(0.011, 1.05)
     assert ticks[0] <= 0.011 and ticks[-1] >= 1.05 and 1.0 in ticks
+
+
+NODE_DOM = """
+const fs = require("fs");
+const page = fs.readFileSync(process.argv[2], "utf8");
+const data = page.match(/<script id="data" type="application\\/json">([\\s\\S]*?)<\\/script>/)[1];
+const code = page.match(/<script>\\n([\\s\\S]*?)<\\/script>/)[1];
+function element() {
+  return {innerHTML: "", textContent: "", value: "", hidden: false, children: [], dataset: {},
+          appendChild(c) { this.children.push(c); }, addEventListener() {}, after() {},
+          querySelector() { return element(); }};
+}
+const root = element();
+global.document = {getElementById: id => id === "data" ? {textContent: data} : root, createElement: element};
+global.location = {hash: ""};
+eval(code + `
+let svgs = 0;
+FPS.forEach(fp => fp.problems.forEach(p => { const html = detail(p, fp.min_speedup); if (!html.includes("<svg")) throw new Error("no plot"); svgs++; }));
+console.log(JSON.stringify({sections: root.children.length, svgs}));
+`);
+"""
+
+
+def test_the_pages_script_draws_every_problem_without_errors(tmp_path):
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        import pytest
+
+        pytest.skip("node is not installed: the page's script is not run")
+    archive = archive_from_embedded_run(tmp_path)
+    out = tmp_path / "report.html"
+    from farm_coordinator.report import write_report
+
+    assert write_report(archive.parent, out) == 3
+    script = tmp_path / "dom.js"
+    script.write_text(NODE_DOM)
+    done = subprocess.run([node, str(script), str(out)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"sections": 1, "svgs": 3}
