@@ -124,8 +124,8 @@ def tune(
     lease expires), and group results already stored under a problem's round are reused (resume after a crash).
 
     ``progress``: a hook with ``started(run, problems, reused, trials)``, ``group_done(trials)``,
-    ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused") and ``finished()``; without one, a rich
-    bar is drawn on ``console`` when it is a terminal.
+    ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused") and ``finished()``
+    (``farm_cli.progress``); without one, a rich bar is drawn on ``console`` when it is a terminal.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
@@ -327,6 +327,8 @@ class _Run:
         for problem in self.waiting.values():
             self.summary.aggregates.append(Aggregate(problem, None, (), None, None,
                                                      "held by another coordinator until the timeout", 0.0))
+            if self.hook is not None:
+                self.hook.problem_done("failed", self.summary.aggregates[-1])
         self.waiting.clear()
         for task in [*queued, *pending]:
             problem = self.by_id[task.problem_id]
