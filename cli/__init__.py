@@ -138,6 +138,7 @@ def _abandon(parts: dict[str, Any], run_id: str, progress: Any, state: str) -> N
     try:
         counts = progress.counts
         runlog.update(run_id, counts.groups, counts.settled.get("published", 0), state=state)
+        runlog.client.expire(runlog.settings.run_key(run_id), int(runlog.settings.result_ttl))
     except Exception:  # the server that failed the run may be the one holding the run log
         pass
 
