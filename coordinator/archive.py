@@ -419,8 +419,10 @@ def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> An
     table = Table(title=f"archive {heads}")
     for name in ("operation", "workload", "winner", "ratio", "verified", "samples", "confirmation", "created"):
         table.add_column(name, justify="right" if name in ("ratio", "samples") else "left")
+    from farm_coordinator.catalog import workload_label
+
     for r in rows:
-        spec = ", ".join(f"{k}={v}" for k, v in r["spec"].items()) if isinstance(r["spec"], dict) else (
+        spec = workload_label(r["operation"], r["spec"]) if isinstance(r["spec"], dict) else (
             r["workload"] if len(r["workload"]) <= 60 else r["workload"][:57] + "...")
         table.add_row(r["operation"], spec, r["winner"], f"{r['ratio']:.3f}", "yes" if r["verified"] else "no",
                       "" if r["samples"] is None else str(r["samples"]), r["confirmation"] or "", _iso(r["created"]))
@@ -466,7 +468,8 @@ def merge_archives(inputs: Sequence[Path | str], out: Path | str) -> MergeResult
 @dataclass
 class Diff:
     """What changed from archive ``a`` to archive ``b``. ``changed``: another winner; ``updated``: the same winner
-    with another ratio, verification or creation time."""
+    with another ratio, verification or confirmation (a record re-published with a new creation time alone is
+    unchanged)."""
 
     a: Archive
     b: Archive
@@ -517,11 +520,15 @@ def diff_archives(a_path: Path | str, b_path: Path | str) -> Diff:
         o, n = old[key], new[key]
         if o["winner"] != n["winner"]:
             diff.changed.append((o, n))
-        elif (o["ratio"], o["verified"], o["created"]) != (n["ratio"], n["verified"], n["created"]):
+        elif _compared(o) != _compared(n):
             diff.updated.append((o, n))
         else:
             diff.unchanged += 1
     return diff
+
+
+def _compared(row: dict[str, Any]) -> tuple[Any, ...]:
+    return round(float(row["ratio"]), 6), bool(row["verified"]), row["confirmation"] or ""
 
 
 def diff_table(diff: Diff) -> Any:
@@ -531,20 +538,30 @@ def diff_table(diff: Diff) -> Any:
     table = Table(title=f"{diff.a.digest} -> {diff.b.digest}: {len(diff.new)} new, {len(diff.dropped)} dropped, "
                         f"{len(diff.changed)} changed winners, {len(diff.updated)} updated, {diff.unchanged} "
                         f"unchanged{how}")
-    for name in ("change", "operation", "workload", "winner", "ratio", "verified"):
+    for name in ("change", "operation", "workload", "winner", "ratio", "verified", "confirmation"):
         table.add_column(name)
+    from farm_coordinator.catalog import workload_label
 
     def spec(r: dict[str, Any]) -> str:
-        if isinstance(r["spec"], dict):
-            return ", ".join(f"{k}={v}" for k, v in r["spec"].items())
-        return str(r["workload"])[:60]
+        return workload_label(r["operation"], r["spec"]) if isinstance(r["spec"], dict) else str(r["workload"])[:60]
+
+    def was(o: dict[str, Any], n: dict[str, Any], key: str, fmt: Any = str) -> str:
+        return fmt(n[key]) if fmt(o[key]) == fmt(n[key]) else f"{fmt(o[key])} -> {fmt(n[key])}"
+
+    def ratio(v: Any) -> str:
+        return f"{v:.3f}"
+
+    def yes(v: Any) -> str:
+        return "yes" if v else "no"
 
     for r in diff.new:
-        table.add_row("new", r["operation"], spec(r), r["winner"], f"{r['ratio']:.3f}", str(r["verified"]))
+        table.add_row("new", r["operation"], spec(r), r["winner"], ratio(r["ratio"]), yes(r["verified"]),
+                      r["confirmation"] or "")
     for r in diff.dropped:
-        table.add_row("dropped", r["operation"], spec(r), r["winner"], f"{r['ratio']:.3f}", str(r["verified"]))
+        table.add_row("dropped", r["operation"], spec(r), r["winner"], ratio(r["ratio"]), yes(r["verified"]),
+                      r["confirmation"] or "")
     for kind, pairs in (("changed", diff.changed), ("updated", diff.updated)):
         for o, n in pairs:
-            table.add_row(kind, n["operation"], spec(n), f"{o['winner']} -> {n['winner']}",
-                          f"{o['ratio']:.3f} -> {n['ratio']:.3f}", f"{o['verified']} -> {n['verified']}")
+            table.add_row(kind, n["operation"], spec(n), was(o, n, "winner"), was(o, n, "ratio", ratio),
+                          was(o, n, "verified", yes), was(o, n, "confirmation", lambda v: v or ""))
     return table

@@ -5,6 +5,7 @@ Loading validates everything before anything is enqueued: an error names the fil
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,23 @@ class Catalog:
     kernels: tuple[str, ...] = ()
 
 
+def workload_label(operation: str, spec: Any) -> str:
+    """The one way every command writes a workload: the operation's own label (``m=64 n=64 k=64 float32``),
+    or ``key=value`` pairs in the spec's order for an operation this process does not know."""
+    from farm_kernels import registry
+
+    if not isinstance(spec, dict):
+        return str(spec)
+    with contextlib.suppress(Exception):  # a broken plugin must not stop a listing
+        registry.ensure_loaded()
+    if operation in registry.names():
+        with contextlib.suppress(Exception):
+            return registry.get(operation).label(spec)
+    # As Operation.label writes it: text values (dtype, layout choices) bare, after the sizes.
+    sizes = [f"{k}={v}" for k, v in spec.items() if not isinstance(v, str)]
+    return " ".join(sizes + [v for v in spec.values() if isinstance(v, str)])
+
+
 def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
     """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem."""
     from farm_kernels import registry
@@ -46,6 +64,11 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as e:
         raise ConfigError(source, "<file>", source, "no such file") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, "<file>", None, f"not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): "
+                                                  f"a catalog is a TOML file") from e
+    except OSError as e:
+        raise ConfigError(source, "<file>", source, f"cannot read: {e.strerror or e}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "<toml>", None, f"not valid TOML: {e}") from e
     registry.ensure_loaded(kernels)
@@ -59,6 +82,8 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
         policy = StackPolicy.from_dict(policy_table)
     except TuneFailure as e:
         raise ConfigError(source, "policy", policy_table, e.message) from e
+    except (TypeError, ValueError, OverflowError) as e:  # a value no policy field can hold (found by fuzzing)
+        raise ConfigError(source, "policy", policy_table, f"invalid value: {e}") from e
     problems = data.get("problems")
     if not isinstance(problems, list) or not problems:
         raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
@@ -93,9 +118,14 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
                 raise ConfigError(source, at, spec, "must be a table")
             # Without explicit devices, a workload runs on every kind that accepts its dtype.
             kinds = tuple(devices) if devices is not None else operation.devices_for(spec) or operation.devices
-            operation.check_spec(spec, source, devices=kinds, prefix=at)
+            # Duplicates are found on the spec with every default filled in: `seed = 0` spelled out is the same
+            # workload (and the same cache key) as `seed` left out.
+            try:
+                normalized = operation.normalize(spec, source, devices=kinds, prefix=at)
+            except (TypeError, ValueError, OverflowError) as e:  # found by fuzzing: values of unexpected types
+                raise ConfigError(source, at, spec, f"invalid workload: {type(e).__name__}: {e}") from e
             for kind in kinds:
-                identity = (name, canonical_json(spec), kind)
+                identity = (name, canonical_json(normalized), kind)
                 if identity in seen:
                     raise ConfigError(source, at, spec, f"duplicates {seen[identity]} on {kind}")
                 seen[identity] = at

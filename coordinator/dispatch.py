@@ -42,6 +42,8 @@ class CeleryDispatcher:
         handle = self.app.send_task(
             GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft, time_limit=hard,
             task_id=f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}",
+            # The name Flower and its metrics show (the worker still runs GROUP_TASK): split by operation.
+            shadow=f"{GROUP_TASK}:{first.operation}" if len({t.operation for t in tasks}) == 1 else GROUP_TASK,
         )
         for task in tasks:
             self.pending[task_key(task)] = (task, handle)

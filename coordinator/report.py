@@ -1,6 +1,7 @@
 """`farm report`: one self-contained HTML file explaining the decisions of an archive.
 
-Per fingerprint: problems, winners by candidate, median speedup over the reference. Per problem: each candidate's
+Per fingerprint: a readable environment summary (device, cores and threads, driver, compiler, build; the raw
+fingerprint folded away), problems, winners by candidate, median speedup over the reference. Per problem: each candidate's
 paired ratios (candidate/reference per pair) as points with the median, the noise band (median +- relative MAD)
 and the min_speedup line, the verdict, and why the others lost. The page embeds its data as JSON and draws the
 plots on demand, so it stays fast with thousands of problems (search, filters, paging); it needs no network.
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from farm.atomicfile import write_atomic
+from farm_coordinator.catalog import workload_label
 
 
 def load(archive: Path) -> list[dict[str, Any]]:
@@ -46,7 +49,7 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
                 found["ratios"].append(row["candidate_seconds"] / row["reference_seconds"])
         problems.append({
             "operation": str(meta.get("operation", "")),
-            "workload": _label(meta.get("spec") or {}),
+            "workload": workload_label(str(meta.get("operation", "")), meta.get("spec") or {}),
             "winner": record.name,
             "reference": str(meta.get("reference", "")),
             "ratio": record.ratio,
@@ -54,11 +57,15 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "confirmation": str(meta.get("confirmation") or ""),
             "candidates": list(candidates.values()),
         })
+        plotted = [1.0, 1.0 / min_speedup] + [r for c in candidates.values() for r in c["ratios"] if r > 0] + [
+            c["ratio"] for c in candidates.values() if isinstance(c["ratio"], (int, float)) and c["ratio"] > 0]
+        problems[-1]["ticks"] = ratio_ticks(min(plotted), max(plotted))
     problems.sort(key=lambda p: (p["operation"], p["workload"]))
     speedups = [1.0 / p["ratio"] for p in problems if p["ratio"] > 0]
     return {
         "digest": archive.digest,
         "fingerprint": archive.fingerprint,
+        "environment": environment_summary(archive.fingerprint),
         "problems": problems,
         "winners": Counter(p["winner"] for p in problems).most_common(),
         "median_speedup": statistics.median(speedups) if speedups else 1.0,
@@ -66,8 +73,57 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
     }
 
 
-def _label(spec: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in spec.items() if k != "seed")
+FINGERPRINT_FIELDS = ("backend", "device kind", "device", "driver", "compiler", "build", "build tag", "runtime options")
+
+
+def environment_summary(fingerprint: str) -> list[tuple[str, str]]:
+    """The fingerprint as (label, value) rows for people: device (model, cores), threads, driver, compiler, build.
+    A fingerprint that does not decode into the known fields is shown as one raw row."""
+    from farm.identity import split_fields
+
+    try:
+        parts = split_fields(fingerprint)
+    except ValueError:
+        return [("fingerprint", fingerprint)]
+    if len(parts) < len(FINGERPRINT_FIELDS):
+        return [("fingerprint", fingerprint)]
+    named = dict(zip(FINGERPRINT_FIELDS, parts, strict=False))
+    rows = [("device", f"{named['device kind']} ({named['backend']}): {named['device']}")]
+    options = [o for o in named["runtime options"].split(";") if o]
+    threads = [o for o in options if "THREADS" in o]
+    if threads:
+        rows.append(("threads", ", ".join(o if not o.endswith("=") else f"{o}unset" for o in threads)))
+    rows += [("driver", named["driver"]), ("compiler", named["compiler"]),
+             ("build", named["build"] + (f" (tag {named['build tag']})" if named["build tag"] else ""))]
+    other = [o for o in options if o not in threads]
+    if other:
+        rows.append(("runtime options", "; ".join(other)))
+    rows += [(f"field {i}", extra) for i, extra in enumerate(parts[len(FINGERPRINT_FIELDS):], len(FINGERPRINT_FIELDS))]
+    return rows
+
+
+def _model(fingerprint: dict[str, Any]) -> str:
+    device = dict(fingerprint["environment"]).get("device", "")
+    text = device.split(": ", 1)[-1]
+    pieces = [p.strip() for p in text.split(";")]
+    # Host properties start with the machine architecture: the model is the next piece.
+    return pieces[1] if len(pieces) > 1 and pieces[0] in ("x86_64", "aarch64", "arm64", "ppc64le") else pieces[0]
+
+
+def ratio_ticks(low: float, high: float, most: int = 9) -> list[float]:
+    """Axis labels for ratios from ``low`` to ``high`` (log scale): a 1-2-5 series over every decade the range
+    spans, always including the range's own ends' neighbours so that every plotted ratio sits on a labelled scale."""
+    low, high = min(low, high), max(low, high)
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    series = [float(f"{m * 10.0 ** e:.3g}") for e in range(first, last + 1) for m in (1, 2, 5)]
+    below = [t for t in series if t <= low]
+    above = [t for t in series if t >= high]
+    chosen = [t for t in series if (below and t >= below[-1] or not below) and (above and t <= above[0] or not above)]
+    step = max(1, math.ceil(len(chosen) / most))
+    thinned = [t for i, t in enumerate(chosen) if i % step == 0 or t == 1.0]
+    if thinned[-1] != chosen[-1]:
+        thinned.append(chosen[-1])
+    return thinned
 
 
 def _min_speedup(accuracy_key: str, default: float) -> float:
@@ -88,10 +144,18 @@ def render(fingerprints: list[dict[str, Any]], title: str) -> str:
     return _PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", data)
 
 
-def write_report(archive: Path, out: Path) -> int:
+def default_title(archive: Path, fingerprints: list[dict[str, Any]]) -> str:
+    """``Tuning report: <archive folder> (<device models>, N fingerprints)``."""
+    name = Path(archive).resolve().name or str(archive)
+    models = sorted({_model(f) for f in fingerprints if _model(f)})
+    count = len(fingerprints)
+    return f"Tuning report: {name} ({', '.join(models) or 'no devices'}; {count} fingerprint{'s' * (count != 1)})"
+
+
+def write_report(archive: Path, out: Path, title: str | None = None) -> int:
     """Render the report of ``archive`` to ``out`` atomically; return the number of problems."""
     fingerprints = load(archive)
-    write_atomic(out, render(fingerprints, f"Tuning report: {archive}").encode())
+    write_atomic(out, render(fingerprints, title or default_title(archive, fingerprints)).encode())
     return sum(len(f["problems"]) for f in fingerprints)
 
 
@@ -108,6 +172,7 @@ th{background:#f0f0f0;position:sticky;top:0} tr.p{cursor:pointer} tr.p:hover{bac
 .controls{margin:1em 0;display:flex;gap:1em;flex-wrap:wrap;align-items:center}
 input,select{font:inherit;padding:3px 6px} .detail td{background:#fcfcfc} .note{color:#555;font-size:.92em}
 .muted{color:#888} code{font-size:.85em;word-break:break-all}
+table.env{width:auto;margin-bottom:.5em} table.env th{position:static;text-align:right;font-weight:600;width:9em}
 </style></head><body>
 <h1>__TITLE__</h1>
 <div id="fps"></div>
@@ -121,7 +186,8 @@ function fmt(x,d){return (x===null||x===undefined)?"-":Number(x).toFixed(d===und
 function median(a){if(!a.length)return null;const s=[...a].sort((x,y)=>x-y),m=s.length>>1;return s.length%2?s[m]:(s[m-1]+s[m])/2;}
 function plot(p,minSpeedup){
   const W=640,row=26,left=190,right=20,top=22,H=top+row*Math.max(1,p.candidates.length)+26;
-  const all=[1,1/minSpeedup];p.candidates.forEach(c=>c.ratios.forEach(r=>all.push(r)));
+  // The axis spans the labelled ticks, which bracket every plotted ratio (computed in Python: ratio_ticks).
+  const all=[1,1/minSpeedup,...p.ticks];p.candidates.forEach(c=>c.ratios.forEach(r=>all.push(r)));
   // A log axis: ratios 0.5 and 2 sit at the same distance from the reference, and outliers do not squash the rest.
   let lo=Math.log(Math.min(...all)),hi=Math.log(Math.max(...all));const pad=(hi-lo)*0.08||0.05;lo-=pad;hi+=pad;
   const x=v=>left+(Math.log(Math.max(v,1e-12))-lo)/(hi-lo)*(W-left-right);
@@ -137,8 +203,9 @@ function plot(p,minSpeedup){
     if(m!==null)s+=`<line x1="${x(m)}" y1="${y-9}" x2="${x(m)}" y2="${y+9}" stroke="${col}" stroke-width="2"/>`;
     if(!c.ratios.length)s+=`<text x="${left+4}" y="${y+4}" font-size="10" fill="#b00">no timings</text>`;
   });
-  [0.25,0.5,0.75,1.5,2,4].filter(t=>Math.log(t)>lo&&Math.log(t)<hi).forEach(t=>{
-    s+=`<text x="${x(t)}" y="${H-8}" font-size="9" fill="#999" text-anchor="middle">${t}</text>`;});
+  p.ticks.forEach(t=>{
+    s+=`<line x1="${x(t)}" y1="${H-22}" x2="${x(t)}" y2="${H-18}" stroke="#bbb"/><text x="${x(t)}" y="${H-8}" font-size="9" fill="#999" text-anchor="middle">${t}</text>`;});
+  s+=`<text x="${W-right}" y="${H-8}" font-size="9" fill="#999" text-anchor="end">candidate/reference (log)</text>`;
   return s+"</svg>";
 }
 function detail(p,minSpeedup){
@@ -149,7 +216,9 @@ function detail(p,minSpeedup){
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");
   const ops=[...new Set(fp.problems.map(p=>p.operation))].sort();
-  root.innerHTML=`<h2>Fingerprint ${esc(fp.digest)}</h2><p class="muted"><code>${esc(fp.fingerprint)}</code></p>
+  const env=fp.environment.map(r=>`<tr><th>${esc(r[0])}</th><td>${esc(r[1])}</td></tr>`).join("");
+  root.innerHTML=`<h2>Fingerprint ${esc(fp.digest)}</h2><table class="env">${env}</table>
+  <details><summary class="muted">raw fingerprint</summary><code>${esc(fp.fingerprint)}</code></details>
   <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
   <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
   <div class="card">winners by candidate:<br>${fp.winners.map(w=>`${esc(w[0])}: ${w[1]}`).join("<br>")}</div></div>
@@ -157,7 +226,7 @@ FPS.forEach((fp,fi)=>{
   <select data-role="op"><option value="">every operation</option>${ops.map(o=>`<option>${esc(o)}</option>`).join("")}</select>
   <select data-role="v"><option value="">every verdict</option><option value="won">a candidate won</option><option value="ref">the reference kept</option></select>
   <span data-role="count" class="muted"></span> <button data-role="more">show more</button></div>
-  <table><thead><tr><th>operation</th><th>workload</th><th>winner</th><th class="num">ratio</th><th>verified</th><th class="num">candidates</th></tr></thead><tbody></tbody></table>`;
+  <table><thead><tr><th>operation</th><th>workload</th><th>winner</th><th class="num">ratio</th><th>verified</th><th>confirmation</th><th class="num">candidates</th></tr></thead><tbody></tbody></table>`;
   document.getElementById("fps").appendChild(root);
   const q=root.querySelector("[data-role=q]"),op=root.querySelector("[data-role=op]"),v=root.querySelector("[data-role=v]");
   const body=root.querySelector("tbody"),count=root.querySelector("[data-role=count]"),more=root.querySelector("[data-role=more]");
@@ -167,11 +236,11 @@ FPS.forEach((fp,fi)=>{
     const rows=fp.problems.filter(p=>(!op.value||p.operation===op.value)&&(!v.value||(v.value==="ref")===(p.winner===p.reference))
       &&(!needle||(p.operation+" "+p.workload+" "+p.winner).toLowerCase().includes(needle)));
     count.textContent=`${Math.min(shown,rows.length)} of ${rows.length} shown`;more.hidden=rows.length<=shown;
-    body.innerHTML=rows.slice(0,shown).map((p,i)=>`<tr class="p" data-i="${fp.problems.indexOf(p)}"><td>${esc(p.operation)}</td><td>${esc(p.workload)}</td><td class="${p.winner===p.reference?"ref":"win"}">${esc(p.winner)}</td><td class="num">${fmt(p.ratio)}</td><td>${p.verified?"yes":"no"}</td><td class="num">${p.candidates.length}</td></tr>`).join("");
+    body.innerHTML=rows.slice(0,shown).map((p,i)=>`<tr class="p" data-i="${fp.problems.indexOf(p)}"><td>${esc(p.operation)}</td><td>${esc(p.workload)}</td><td class="${p.winner===p.reference?"ref":"win"}">${esc(p.winner)}</td><td class="num">${fmt(p.ratio)}</td><td>${p.verified?"yes":"no"}</td><td>${esc((p.confirmation||"-").split(":")[0])}</td><td class="num">${p.candidates.length}</td></tr>`).join("");
   }
   body.addEventListener("click",e=>{const tr=e.target.closest("tr.p");if(!tr)return;
     if(tr.nextSibling&&tr.nextSibling.classList&&tr.nextSibling.classList.contains("detail")){tr.nextSibling.remove();return;}
-    const d=document.createElement("tr");d.className="detail";d.innerHTML=`<td colspan="6">${detail(fp.problems[+tr.dataset.i],fp.min_speedup)}</td>`;tr.after(d);});
+    const d=document.createElement("tr");d.className="detail";d.innerHTML=`<td colspan="7">${detail(fp.problems[+tr.dataset.i],fp.min_speedup)}</td>`;tr.after(d);});
   [q,op,v].forEach(el=>el.addEventListener("input",()=>{shown=PAGE;draw();}));
   more.addEventListener("click",()=>{shown+=PAGE;draw();});
   draw();

@@ -116,11 +116,16 @@ def tune(
     console: Console | None = None,
     timeout: float | None = None,
     poll: float = 0.5,
+    progress: Any = None,
 ) -> RunSummary:
     """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it.
 
     With ``leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
     lease expires), and group results already stored under a problem's round are reused (resume after a crash).
+
+    ``progress``: a hook with ``started(run, problems, reused, trials)``, ``group_done(trials)``,
+    ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused") and ``finished()``
+    (``farm_cli.progress``); without one, a rich bar is drawn on ``console`` when it is a terminal.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
@@ -129,6 +134,7 @@ def tune(
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
                  force, console or Console(stderr=True), poll)
     state.runlog = runlog or NoRunLog()
+    state.hook = progress
     return state.execute(fingerprint, timeout)
 
 
@@ -151,6 +157,7 @@ class _Run:
         self.advance: Any = lambda digest, trials: None
         self.runlog: Any = None
         self.groups_done = 0
+        self.hook: Any = None
 
     # -- the run ------------------------------------------------------------------------------------------
 
@@ -175,7 +182,8 @@ class _Run:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
-        with _progress(self.console, problems) as advance:
+        bar = _progress(self.console, problems) if self.hook is None else _hooked(self.hook, self, problems)
+        with bar as advance:
             self.advance = advance
             self._claim(problems)
             last_upkeep = time.monotonic()
@@ -239,6 +247,8 @@ class _Run:
             waiting = list(self.waiting.values())
             for pid in self._decided(waiting) if not self.force else set():
                 self.summary.already_decided.append(self.waiting.pop(pid))
+                if self.hook is not None:
+                    self.hook.problem_done("reused")
             self._claim(list(self.waiting.values()))
         for pid, worker_id in list(self.confirming.items()):
             if not self.fleet.alive(worker_id):
@@ -306,6 +316,8 @@ class _Run:
                               trial_rows(agg.problem, agg.judged))
         self.summary.aggregates.append(agg)
         self.leases.release(agg.problem.problem_id, self.run)
+        if self.hook is not None:
+            self.hook.problem_done("published" if agg.record is not None else "failed", agg)
 
     def _expire(self) -> None:
         """The run's timeout passed: every missing group is recorded as failed and what can be decided is."""
@@ -316,6 +328,8 @@ class _Run:
         for problem in self.waiting.values():
             self.summary.aggregates.append(Aggregate(problem, None, (), None, None,
                                                      "held by another coordinator until the timeout", 0.0))
+            if self.hook is not None:
+                self.hook.problem_done("failed", self.summary.aggregates[-1])
         self.waiting.clear()
         for task in [*queued, *pending]:
             problem = self.by_id[task.problem_id]
@@ -354,6 +368,17 @@ def _progress(console: Console, problems: list[Problem]) -> Iterator[Any]:
             progress.advance(bars[digest], trials)
 
         yield advance
+
+
+@contextmanager
+def _hooked(hook: Any, state: _Run, problems: list[Problem]) -> Iterator[Any]:
+    """The progress hook in place of the bar: problems (with those already decided) and trials."""
+    reused = len(state.summary.already_decided)
+    hook.started(state.run, len(problems) + reused, reused, sum(len(t.indices) for p in problems for t in p.tasks))
+    try:
+        yield lambda digest, trials: hook.group_done(trials)
+    finally:
+        hook.finished()
 
 
 def summary_table(summary: RunSummary) -> Table:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from farm_coordinator.runlog import FINISHED, RedisRunLog
+from farm_coordinator.runlog import RUNNING, RedisRunLog
 from farm_fleet import presence
 from farm_fleet.settings import Settings
 
@@ -42,7 +42,7 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
     runs = []
     for run in RedisRunLog(client, settings).runs():
         state = run.get("state", "?")
-        if state != FINISHED and now - float(run.get("updated", 0)) > STALE_RUN_SECONDS:
+        if state == RUNNING and now - float(run.get("updated", 0)) > STALE_RUN_SECONDS:  # interrupted, failed: kept
             state = "stale"
         runs.append({**run, "state": state})
     return {

@@ -35,15 +35,17 @@ def enable_stack_autotune(
     cache_directory: Path | str | None = None,
     memory_eviction: MemoryEviction = MemoryEviction.FIFO,
     fleet: Sequence[DecisionStore | str | Path] = (),
+    fleet_write_through: bool = True,
 ) -> StackTuner:
     """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT.
 
-    ``fleet``: read-only tiers after the disk (stores, Redis URLs, archive directories; see StackTuner)."""
+    ``fleet``: read-only tiers after the disk (stores, Redis URLs, archive directories; see StackTuner);
+    ``fleet_write_through``: copy validated fleet hits into ``cache_directory``."""
     global _global
     with _global_lock:
         if _global is not None:
             raise TuneFailure.invalid("stack autotuning was already configured")
-        _global = StackTuner(policy, cache_directory, memory_eviction, fleet)
+        _global = StackTuner(policy, cache_directory, memory_eviction, fleet, fleet_write_through)
         return _global
 
 

@@ -13,6 +13,7 @@ or a test fake) and stored decisions come from injected stores. The selection or
 from __future__ import annotations
 
 import enum
+import logging
 import statistics
 import threading
 import time
@@ -21,14 +22,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
 from farm.scoring import valid_seconds
 from farm.stores import open_fleet_source
-from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
+from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
 from farm.trials import (
@@ -41,6 +42,8 @@ from farm.trials import (
     reference_noise,
     reference_trials,
 )
+
+log = logging.getLogger(__name__)
 
 
 class Validation(enum.Enum):
@@ -154,7 +157,10 @@ class StackTuner:
 
     ``cache_directory`` enables the disk tier (persistent problems only); ``fleet`` adds read-only stores
     consulted after the disk, whose records are validated once in this process before reuse: a store, a Redis
-    URL (``redis://user:password@host/0``, ideally a read-only user) or an archive directory.
+    URL (``redis://user:password@host/0``, ideally a read-only user) or an archive directory. With
+    ``fleet_write_through`` (default) a validated fleet hit is also written to the disk tier, so a restarted
+    application finds it locally. A failing cache tier (unreachable, unreadable, read-only) is a logged warning
+    and a miss, never an error for the caller.
     """
 
     def __init__(
@@ -163,6 +169,7 @@ class StackTuner:
         cache_directory: Path | str | None = None,
         memory_eviction: MemoryEviction = MemoryEviction.FIFO,
         fleet: Sequence[DecisionStore | str | Path] = (),
+        fleet_write_through: bool = True,
     ) -> None:
         if not isinstance(policy, StackPolicy):
             raise TuneFailure.invalid(f"policy must be a StackPolicy, got {type(policy).__name__}")
@@ -174,6 +181,7 @@ class StackTuner:
         self._memory = MemoryStore(policy.capacity, memory_eviction)
         self._disk = DiskStore(cache_directory, policy.capacity) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
+        self._write_through = fleet_write_through
         self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()
@@ -259,6 +267,9 @@ class StackTuner:
         try:
             with tuning_scope():
                 return self._miss(req, runner)
+        except DeviceBusy:  # the device's lock cannot be taken: the reference, as for any contended device
+            self._count("busy_fallbacks")
+            return self._reference(req, DecisionSource.BUSY)
         except TuneFailure as e:
             if e.kind is FailureKind.DEVICE:
                 with self._lock:
@@ -309,14 +320,10 @@ class StackTuner:
         self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
     ) -> Decision | None:
         policy = self._policy
-        try:
-            record = store.get(req.key)
-        except CorruptRecord:
-            self._count("cache_warnings")
+        found = self._tier(f"read {source.value}", lambda: (store.get(req.key),))
+        if found is None:  # an unreachable tier or a corrupt record is a miss, never an error on the caller's path
             return None
-        except Exception:  # an unreachable tier is a miss, never an error on the caller's path
-            self._count("cache_warnings")
-            return None
+        record = found[0]
         if record is None:
             return None
         cands = req.candidates
@@ -343,9 +350,12 @@ class StackTuner:
                 verdict = None
             if verdict is not Validation.PASSED and (verdict is None or policy.require_validation):
                 if writable:
-                    store.delete(req.key)
+                    self._tier("delete a stale record from", lambda: store.delete(req.key))
                 self._count("cache_warnings")
                 return None
+        if source is DecisionSource.FLEET_CACHE and self._write_through and self._disk is not None:
+            disk = self._disk
+            self._tier("write a fleet hit through to", lambda: disk.put(record))
         with self._lock:
             self._remember(record)
             self._counters["disk_hits" if source is DecisionSource.DISK_CACHE else "fleet_hits"] += 1
@@ -408,10 +418,17 @@ class StackTuner:
         with self._lock:
             self._remember(record)
         if req.problem.persistent and self._disk is not None:
-            try:
-                self._disk.put(record)
-            except OSError:
-                self._count("cache_warnings")
+            disk = self._disk
+            self._tier("write", lambda: disk.put(record))
+
+    def _tier(self, what: str, call: Any) -> Any:
+        """Run one cache-tier operation; any failure is a logged warning, counted, and None (a miss)."""
+        try:
+            return call()
+        except Exception as e:
+            log.warning("cache tier failure (%s): %s: %s", what, type(e).__name__, e)
+            self._count("cache_warnings")
+            return None
 
     def _count(self, name: str) -> None:
         with self._lock:
@@ -429,10 +446,8 @@ class StackTuner:
                 self._banned.add((decision.cache_key, decision.name))
             self._counters["invalidations"] += 1
         if self._disk is not None:
-            try:
-                self._disk.delete(decision.cache_key)
-            except OSError:
-                self._count("cache_warnings")
+            disk = self._disk
+            self._tier("delete an invalidated record from", lambda: disk.delete(decision.cache_key))
 
     def record_comparison(
         self, decision: Decision, reference_seconds: float, selected_seconds: float, correctness_checked: bool

@@ -61,6 +61,11 @@ class TuneFailure(FarmError):
         return cls(FailureKind.DEVICE, message)
 
 
+class DeviceBusy(FarmError):
+    """Raised when a device's lock cannot be taken (unusable lock folder, another user's lock file): the
+    controller falls back to the reference (BUSY) and never quarantines the device for it."""
+
+
 class ConfigError(FarmError):
     """Raised when a configuration file, catalog or environment variable is malformed; names where and what."""
 

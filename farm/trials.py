@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import Candidate, fits_workspace
 from farm.interference import Interference, Probe
 from farm.policy import StackPolicy
@@ -133,6 +133,8 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise ValidationUnavailable(name)
         return [seconds(runner.measure(reference), name) for _ in range(policy.samples)]
+    except DeviceBusy:
+        raise
     except (ValidationUnavailable, TuneFailure) as e:
         if isinstance(e, ValidationUnavailable) or e.kind is FailureKind.DEVICE:
             raise
@@ -179,6 +181,8 @@ def candidate_trials(
             if again_stop is not None:
                 pairs, stop, interference, remeasured = again, again_stop, again_interference, True
         failure = None
+    except DeviceBusy:
+        raise
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
             raise

@@ -7,8 +7,10 @@ provenance. Both are frozen dataclasses with ``to_dict``/``from_dict``: plain JS
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,24 @@ def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     if not isinstance(value, kind):
         raise ProtocolError(f"message field {name!r} = {value!r} has the wrong type")
     return value
+
+
+def _malformed(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``from_dict`` whose every failure on a malformed message is a ProtocolError (found by tests/test_fuzz.py)."""
+
+    def wrap(parse: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(parse)
+        def checked(cls: Any, data: Any) -> Any:
+            try:
+                return parse(cls, data)
+            except ProtocolError:
+                raise
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+                raise ProtocolError(f"malformed {what}: {type(e).__name__}: {e}") from e
+
+        return checked
+
+    return wrap
 
 
 def _check_version(data: Any) -> dict[str, Any]:
@@ -86,6 +106,7 @@ class GroupTask:
         }
 
     @classmethod
+    @_malformed("group task")
     def from_dict(cls, data: Any) -> GroupTask:
         d = _check_version(data)
         return cls(
@@ -144,6 +165,7 @@ class GroupResult:
         }
 
     @classmethod
+    @_malformed("group result")
     def from_dict(cls, data: Any) -> GroupResult:
         d = _check_version(data)
         return cls(

@@ -25,7 +25,7 @@ from farm_helpers import Fleet, fleet, write_catalog
 from servers import free_port, wait_for
 
 from farm.errors import ConfigError
-from farm_workers.flower import check_basic_auth, flower_argv, run_flower
+from farm_workers.flower import check_basic_auth, credentials, flower_argv, run_flower
 
 USER, PASSWORD = "operator", "s3cret-flower-pass"
 SCALE = """
@@ -67,9 +67,10 @@ def flower_process(f: Fleet, directory: Path) -> Iterator[Flower]:
     port = free_port()
     log = directory / "flower.log"
     args = [sys.executable, "-m", "farm_cli", "flower", "--broker", f.broker, "--address", "127.0.0.1",
-            "--port", str(port), "--basic-auth", f"{USER}:{PASSWORD}"]
+            "--port", str(port)]  # the credentials come from the environment, never the command line
     with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=f.env, cwd=directory,
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**f.env, "FARM_FLOWER_BASIC_AUTH": f"{USER}:{PASSWORD}"}, cwd=directory,
                                    start_new_session=True)
     flower = Flower(port, process, log)
     try:
@@ -131,21 +132,49 @@ def test_well_formed_credentials_are_accepted_one_or_several():
         "flower", "--address=0.0.0.0", "--port=5555", "--basic-auth=a:x", "--url-prefix=flower"]
 
 
-@pytest.mark.parametrize("option", ["--basic-auth=x:y", "--basic_auth=x:y", "--auth=.*@example.com"])
-def test_flower_options_cannot_replace_the_credentials(option):
-    with pytest.raises(ConfigError, match="only through --basic-auth / FARM_FLOWER_BASIC_AUTH"):
-        flower_argv("127.0.0.1", 5555, "a:x", [option])
+@pytest.mark.parametrize("option", [
+    "--basic-auth=x:y", "--basic_auth=x:y", "-basic_auth=guest:guest", "-basic-auth=x:y", "---basic_auth=x:y",
+    "--Basic_Auth=x:y", "--basic-auth", "--auth=.*@example.com", "-auth=.*", "--auth_provider=x", "--conf=evil.py",
+    "--oauth2_key=k",
+])
+def test_flower_options_cannot_replace_the_credentials_in_any_spelling(option):
+    with pytest.raises(ConfigError, match="only through FARM_FLOWER_BASIC_AUTH / --basic-auth-file"):
+        flower_argv("127.0.0.1", 5555, "a:x", ["--url-prefix=flower", option])
 
 
-def test_farm_flower_without_credentials_exits_with_an_error_before_starting():
+def test_flower_refuses_authentication_from_flowers_own_environment_variables(monkeypatch):
+    monkeypatch.setenv("FLOWER_BASIC_AUTH", "guest:guest")
+    with pytest.raises(ConfigError, match="FLOWER_BASIC_AUTH"):
+        flower_argv("127.0.0.1", 5555, "a:x", [])
+
+
+def test_credentials_come_from_the_environment_or_a_file_never_both(tmp_path):
+    assert credentials(None, {"FARM_FLOWER_BASIC_AUTH": "a:x"}) == "a:x"
+    secret = tmp_path / "auth"
+    secret.write_text("# flower users\nb:y,c:z\n")
+    assert credentials(secret, {}) == "b:y,c:z"
+    with pytest.raises(ConfigError, match="not both"):
+        credentials(secret, {"FARM_FLOWER_BASIC_AUTH": "a:x"})
+    with pytest.raises(ConfigError, match="required"):
+        credentials(None, {})
+    with pytest.raises(ConfigError, match="cannot read"):
+        credentials(tmp_path / "missing", {})
+
+
+def test_farm_flower_without_credentials_exits_with_an_error_before_starting(tmp_path):
     from farm_cli import main
 
     env = {"FARM_FLOWER_BASIC_AUTH": ""}
     missing = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0"], env=env)
-    assert missing.exit_code == 2 and "--basic-auth" in missing.output
-    malformed = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0", "--basic-auth", "nopass"])
+    assert missing.exit_code == 2 and "FARM_FLOWER_BASIC_AUTH" in missing.output
+    bad = tmp_path / "auth"
+    bad.write_text("nopass\n")
+    malformed = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0", "--basic-auth-file", str(bad)],
+                                   env=env)
     assert malformed.exit_code == 2
     assert "farm: error:" in malformed.output and "FARM_FLOWER_BASIC_AUTH" in malformed.output
+    flag = CliRunner().invoke(main, ["flower", "--broker", "redis://127.0.0.1:1/0", "--basic-auth", "a:b"], env=env)
+    assert flag.exit_code == 2  # no credentials on the command line: `ps` would show them
 
 
 # ------------------------------------------------------------------------------------------- with servers
@@ -194,8 +223,11 @@ def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_wi
 
     def finished() -> list[dict[str, Any]]:
         tasks = flower.json("/api/tasks")
-        return [t for t in tasks.values() if t.get("name") == "farm.run_groups" and t.get("state") == "SUCCESS"]
+        return [t for t in tasks.values() if t.get("name") == "farm.run_groups:farmtest_scale"
+                and t.get("state") == "SUCCESS"]
 
     tasks = wait_for(finished, 30, "the trial task to appear in /api/tasks as SUCCESS")
     assert all(t["worker"] == worker for t in tasks)
-    assert flower.json("/api/task/types")["task-types"] == ["farm.run_groups"]
+    # Named per operation, so Flower's pages and metrics split by operation.
+    # (the coordinator's task-sent event keeps the registered name farm.run_groups)
+    assert "farm.run_groups:farmtest_scale" in flower.json("/api/task/types")["task-types"]

@@ -185,13 +185,14 @@ def test_exclusive_excludes_another_process_on_the_same_device(tmp_path: Path) -
     assert lock_is_free(path)
 
 
-def test_an_unusable_lock_directory_is_a_device_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unusable_lock_directory_is_device_busy_not_a_device_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm.errors import DeviceBusy
+
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("FARM_LOCK_DIR", str(blocker / "locks"))
-    with pytest.raises(TuneFailure) as info, HostClient(7).exclusive():
+    with pytest.raises(DeviceBusy, match="cannot create the device lock folder"), HostClient(7).exclusive():
         pass
-    assert info.value.kind is FailureKind.DEVICE and "cannot open device lock" in info.value.message
 
 
 # -- timing -------------------------------------------------------------------------------------------------------

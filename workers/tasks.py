@@ -19,7 +19,7 @@ from typing import Any
 from farm.adapter import RuntimeTrials, stack_request
 from farm.engine import Validation
 from farm.environment import farm_version, runtime_environment
-from farm.errors import ConfigError, FailureKind, TuneFailure
+from farm.errors import ConfigError, DeviceBusy, FailureKind, TuneFailure
 from farm.identity import cache_key
 from farm.policy import StackPolicy, Tolerance
 from farm.runtimes.base import ComputeClient
@@ -141,7 +141,7 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
                 ctx.on_quarantine(e.message)
             raise DeviceQuarantined(e.message) from e
         result = GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
-    except (ConfigError, ProtocolError, LookupError, ValueError) as e:
+    except (ConfigError, ProtocolError, LookupError, ValueError, DeviceBusy) as e:
         result = GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
     return ctx.results.put_if_absent(result).to_dict()
 
@@ -149,7 +149,13 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
     from farm_kernels import registry
 
-    registry.ensure_loaded((*ctx.kernels, *task.kernels))
+    # Operations come only from the worker's own configuration (--kernels, entry points): a message may name the
+    # modules it expects, but that list is a check, never something to import (issue 12).
+    registry.ensure_loaded(ctx.kernels)
+    if task.operation not in registry.names():
+        expected = f" (the task expects modules {', '.join(task.kernels)})" if task.kernels else ""
+        raise LookupError(f"this worker has no operation {task.operation!r}{expected}: start it with --kernels "
+                          f"naming the module (known: {', '.join(registry.names())})")
     if task.fingerprint != ctx.digest:
         raise ValueError(f"task for fingerprint {task.fingerprint} reached a worker of fingerprint {ctx.digest}")
     operation = registry.get(task.operation)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -12,7 +13,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
-from farm.errors import TuneFailure
+from farm.errors import DeviceBusy, TuneFailure
 
 
 class ComputeClient(Protocol):
@@ -67,9 +68,42 @@ def client_for(device: str) -> ComputeClient:
     return CudaClient(index)
 
 
+LOCK_DIR_VARIABLE = "FARM_LOCK_DIR"
+
+
 def lock_directory() -> Path:
-    """Where device lock files live: ``FARM_LOCK_DIR`` or a fixed folder under the system temp directory."""
-    return Path(os.environ.get("FARM_LOCK_DIR") or Path(tempfile.gettempdir()) / "farm-device-locks")
+    """Where device lock files live: ``FARM_LOCK_DIR`` when set (a folder the deployment chose, e.g. one shared
+    by a group), else a private per-user folder: ``$XDG_RUNTIME_DIR/farm-locks`` or ``/tmp/farm-locks-<uid>``."""
+    configured = os.environ.get(LOCK_DIR_VARIABLE)
+    if configured:
+        return Path(configured)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        return Path(runtime) / "farm-locks"
+    return Path(tempfile.gettempdir()) / f"farm-locks-{os.geteuid()}"
+
+
+_verified: set[Path] = set()  # lock folders checked by this process (a trial takes the lock: keep it cheap)
+
+
+def _private_directory(path: Path) -> None:
+    """Create ``path`` 0700 if needed and check that it is a real directory owned by this user, closed to others:
+    a folder another local user created or can write would let them hold (or fake) our locks."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(path)
+    except OSError as e:
+        raise DeviceBusy(f"cannot create the device lock folder {path}: {e}") from e
+    if not stat.S_ISDIR(info.st_mode):
+        raise DeviceBusy(f"device lock folder {path} is not a directory (a symlink or a file); set {LOCK_DIR_VARIABLE}")
+    if info.st_uid != os.geteuid():
+        raise DeviceBusy(f"device lock folder {path} belongs to uid {info.st_uid}, not to this user "
+                         f"(uid {os.geteuid()}); remove it or set {LOCK_DIR_VARIABLE}")
+    if info.st_mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError as e:
+            raise DeviceBusy(f"device lock folder {path} is open to other users and cannot be closed: {e}") from e
 
 
 class _Held:
@@ -125,17 +159,37 @@ class DeviceLock:
                     state.fd = None
 
     def _acquire(self) -> int:
+        """Open and flock the lock file. A lock that cannot be taken at all (unusable folder, a file we may not
+        open) raises DeviceBusy: the caller uses the reference; it is never a device failure."""
+        directory = self.path.parent
+        shared = bool(os.environ.get(LOCK_DIR_VARIABLE))
+        if directory not in _verified:
+            self._prepare(directory, shared)
+        # No symlinks: a planted link must not make us create or lock another file.
+        flags, mode = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 if shared else 0o600
         try:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            except FileNotFoundError:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+                fd = os.open(self.path, flags, mode)
+            except FileNotFoundError:  # the folder went away since we checked it: check (and create) it again
+                _verified.discard(directory)
+                self._prepare(directory, shared)
+                fd = os.open(self.path, flags, mode)
         except OSError as e:
-            raise TuneFailure.device(f"cannot open device lock {self.path}: {e}") from e
+            raise DeviceBusy(f"cannot open device lock {self.path}: {e}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as e:
             os.close(fd)
-            raise TuneFailure.device(f"cannot lock {self.path}: {e}") from e
+            raise DeviceBusy(f"cannot lock {self.path}: {e}") from e
         return fd
+
+    @staticmethod
+    def _prepare(directory: Path, shared: bool) -> None:
+        if shared:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise DeviceBusy(f"cannot create the device lock folder {directory}: {e}") from e
+        else:
+            _private_directory(directory)
+        _verified.add(directory)

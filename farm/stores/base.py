@@ -63,13 +63,14 @@ class DecisionRecord:
                 raise CorruptRecord("checksum mismatch")
             try:
                 data = json.loads(body)
-            except json.JSONDecodeError as e:
+            except (json.JSONDecodeError, RecursionError) as e:
                 raise CorruptRecord(f"record is not JSON: {e}") from e
             return cls._build(data, expected_key)
         try:
-            return cls.from_dict(json.loads(text), expected_key)
-        except json.JSONDecodeError as e:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
             raise CorruptRecord(f"record is not JSON: {e}") from e
+        return cls.from_dict(data, expected_key)
 
     @classmethod
     def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
@@ -99,7 +100,7 @@ class DecisionRecord:
                 created=float(_typed(data, "created", (int, float))),
                 meta=_typed(data, "meta", dict) if "meta" in data else {},
             )
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, OverflowError) as e:
             raise CorruptRecord(str(e)) from e
         if record.index < 0 or record.reference_index < 0 or not math.isfinite(record.ratio) or record.ratio <= 0:
             raise CorruptRecord(f"out-of-range values in record for {record.name!r}")

@@ -1,0 +1,90 @@
+"""The coordinator's parts, wired here (the composition root): a Celery fleet, or the embedded farm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from farm.errors import FarmError
+from farm_fleet.settings import Settings
+
+
+def reachable(settings: Settings) -> None:
+    """Fail fast, in one line, when the broker or the decisions Redis cannot be reached."""
+    from celery import Celery
+
+    from farm.stores.redis import connect
+    from farm_fleet.celeryconf import celery_config
+
+    if settings.redis_url:
+        client = connect(settings.redis_url, timeout=5.0)
+        try:
+            client.ping()
+        except Exception as e:
+            raise FarmError(f"cannot reach the decisions Redis (--redis / FARM_REDIS_URL): {e}") from e
+        finally:
+            client.close()
+    app = Celery("farm-check", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as e:
+        raise FarmError(f"cannot reach the broker (--broker / FARM_BROKER_URL): {e}") from e
+    finally:
+        app.close()
+
+
+def _celery_parts(settings: Settings) -> dict[str, Any]:
+    """The coordinator's parts for a Celery fleet: keyword arguments of ``farm_coordinator.run.tune``."""
+    from celery import Celery
+
+    from farm.stores.redis import RedisDecisions, connect
+    from farm_coordinator.dispatch import CeleryDispatcher
+    from farm_coordinator.fleet import RedisFleet
+    from farm_coordinator.leases import RedisLeases
+    from farm_coordinator.runlog import RedisRunLog
+    from farm_coordinator.sinks import RedisSink
+    from farm_fleet.celeryconf import celery_config
+    from farm_fleet.results import RedisResults
+
+    if not settings.redis_url:
+        raise FarmError("--redis (or FARM_REDIS_URL) is required with --broker")
+    reachable(settings)
+    app = Celery("farm-coordinator", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    client = connect(settings.redis_url, timeout=10.0)
+    results = RedisResults(client, settings)
+    return {
+        "fleet": RedisFleet(client, settings),
+        "dispatcher": CeleryDispatcher(app, results, settings),
+        "sink": RedisSink(RedisDecisions(client=client, settings=settings)),
+        "leases": RedisLeases(client, settings),
+        "results": results,
+        "runlog": RedisRunLog(client, settings),
+    }
+
+
+def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
+                    kernels: tuple[str, ...]) -> dict[str, Any]:
+    """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
+    from farm.runtimes.base import client_for
+    from farm_coordinator.dispatch import LocalDispatcher
+    from farm_coordinator.fleet import LocalFleet
+    from farm_coordinator.sinks import DirectorySink
+    from farm_fleet.protocol import GroupResult, GroupTask
+    from farm_fleet.results import MemoryResults
+    from farm_workers.tasks import WorkerContext, run_group
+
+    results = MemoryResults()
+    contexts = {}
+    for device in devices:
+        ctx = WorkerContext(client=client_for(device), results=results, settings=settings,
+                            worker_id=f"local-{device.replace(':', '')}", kernels=kernels)
+        contexts[ctx.worker_id] = ctx
+    fleet = LocalFleet(list(contexts.values()))
+
+    def execute(task: GroupTask, queue: str) -> GroupResult:
+        return GroupResult.from_dict(run_group(task.to_dict(), fleet.context_for(task, queue)))
+
+    return {"fleet": fleet, "dispatcher": LocalDispatcher(execute), "sink": DirectorySink(cache_dir)}

@@ -1,0 +1,118 @@
+"""Progress of a tuning run: a live bar on a terminal, periodic one-line log records otherwise.
+
+Both count what the run's summary counts: problems published, failed and reused (already decided), plus trials.
+They implement the coordinator's progress hook (``farm_coordinator.run.tune(progress=...)``): ``started`` once,
+``group_done`` per finished candidate group, ``problem_done`` per settled problem (with its aggregate when the
+run decided it), ``finished`` once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("farm.coordinator")
+
+PUBLISHED, FAILED, REUSED = "published", "failed", "reused"
+
+
+@dataclass
+class Counts:
+    run: str = ""
+    problems: int = 0
+    trials_total: int = 0
+    trials: int = 0
+    groups: int = 0
+    settled: dict[str, int] = field(default_factory=lambda: {PUBLISHED: 0, FAILED: 0, REUSED: 0})
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> int:
+        return sum(self.settled.values())
+
+    def line(self) -> str:
+        s = self.settled
+        return (f"run {self.run}: {self.done}/{self.problems} problems ({s[PUBLISHED]} published, {s[FAILED]} failed, "
+                f"{s[REUSED]} reused), {self.trials}/{self.trials_total} trials, "
+                f"{time.monotonic() - self.started:.0f}s elapsed")
+
+    def fields(self) -> dict[str, Any]:
+        return {"run": self.run, "problems": self.problems, "done": self.done, "published": self.settled[PUBLISHED],
+                "failed": self.settled[FAILED], "reused": self.settled[REUSED], "trials": self.trials,
+                "trials_total": self.trials_total}
+
+
+class LogProgress:
+    """One INFO record at the start, then at most one every ``every`` seconds, and one at the end."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.counts = Counts()
+        self.every = every
+        self._last = 0.0
+
+    def started(self, run: str, problems: int, reused: int, trials: int) -> None:
+        self.counts = Counts(run, problems, trials)
+        self.counts.settled[REUSED] = reused
+        log.info("%s", self.counts.line(), extra={"progress": self.counts.fields()})
+        self._last = time.monotonic()
+
+    def group_done(self, trials: int) -> None:
+        self.counts.trials += trials
+        self.counts.groups += 1
+        self._maybe_log()
+
+    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+        self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
+        self._maybe_log()
+
+    def finished(self) -> None:
+        log.info("%s (finished)", self.counts.line(), extra={"progress": self.counts.fields()})
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            log.info("%s", self.counts.line(), extra={"progress": self.counts.fields()})
+
+
+class TerminalProgress(LogProgress):
+    """A rich bar of problems settled out of all problems, with the counts and trials beside it."""
+
+    def __init__(self, console: Any) -> None:
+        super().__init__()
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("problems  {task.fields[detail]}"), TimeElapsedColumn(), console=console,
+                            transient=False)
+        self.task: Any = None
+
+    def started(self, run: str, problems: int, reused: int, trials: int) -> None:
+        self.counts = Counts(run, problems, trials)
+        self.counts.settled[REUSED] = reused
+        self.bar.start()
+        self.task = self.bar.add_task(f"run {run}", total=problems, completed=reused, detail=self._detail())
+
+    def group_done(self, trials: int) -> None:
+        self.counts.trials += trials
+        self.counts.groups += 1
+        self._refresh()
+
+    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+        self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
+        self._refresh()
+
+    def finished(self) -> None:
+        self._refresh()
+        self.bar.stop()
+
+    def _detail(self) -> str:
+        s = self.counts.settled
+        return (f"{s[PUBLISHED]} published, {s[FAILED]} failed, {s[REUSED]} reused; "
+                f"{self.counts.trials}/{self.counts.trials_total} trials")
+
+    def _refresh(self) -> None:
+        if self.task is not None:
+            self.bar.update(self.task, completed=self.counts.done, detail=self._detail())
