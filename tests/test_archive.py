@@ -21,7 +21,7 @@ from farm.environment import fingerprint_digest, runtime_environment
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
 from farm.stores import archive as arc
 from farm.stores.base import DecisionRecord
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 from farm.stores.redis import RedisDecisions, field_for
 from farm_coordinator import archive as ops
 from farm_coordinator.aggregate import TRIAL_FIELDS
@@ -111,6 +111,15 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def cache_state(cache: Path) -> list[tuple[object, ...]]:
+    """Every row of a local cache (records, problem ids, trial rows) and its fingerprints."""
+    local = LocalStore(cache)
+    state = sorted(row for batch in local.scan() for row in batch)
+    fingerprints = sorted(local.fingerprints().items())
+    local.close()
+    return [*state, *fingerprints]
+
+
 def reseal(folder: Path) -> None:
     """Recompute the manifest's checksums, byte and row counts after a hand edit (so deeper checks are reached)."""
     manifest = json.loads((folder / arc.MANIFEST_FILE).read_text())
@@ -176,14 +185,15 @@ def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
-def test_trial_fields_a_newer_farm_adds_survive_and_exact_duplicate_rows_are_read_once(tmp_path):
+def test_trial_fields_a_newer_farm_adds_survive_and_a_repeated_key_is_refused(tmp_path):
     e = entry(key_for(FP_A, "n=1"))
     rows = tuple({**t, "pid": 4242, "key_sha256": e.key_sha256} for t in e.trials)
     folder = hand_archive(tmp_path, FP_A, [arc.ArchiveEntry(e.record, e.problem_id, rows)])
     (read,) = arc.read_archive(folder).entries.values()
     assert read.trials == tuple({k: v for k, v in t.items() if k != "key_sha256"} for t in rows)
     edit_rows(folder, arc.DECISIONS_FILE, lambda decisions: decisions + decisions)
-    assert list(arc.read_archive(folder).entries.values()) == [read]
+    with pytest.raises(arc.ArchiveError, match="row 1 .*duplicate key: refused"):
+        arc.read_archive(folder)
 
 
 def test_rewriting_an_archive_replaces_it_whole_and_a_refused_write_leaves_the_old_one(tmp_path):
@@ -227,11 +237,10 @@ def test_redis_to_archive_to_a_fresh_cache_directory_gives_the_decisions_the_run
     cache = tmp_path / "cache"
     result = ops.import_cache(archives, cache, FP_A)
     assert result[0].new == 3
-    disk = DiskStore(cache, capacity=100)
+    local = LocalStore(cache, capacity=100)
     for r in records[:3]:
-        assert disk.get(r.cache_key) == r
-        rows = json.loads((cache / "trials" / f"{field_for(r.cache_key)}.json").read_text())
-        assert rows == store.trials(fingerprint_digest(FP_A), r.cache_key)
+        assert local.get(r.cache_key) == r
+        assert local.trials(r.cache_key) == store.trials(fingerprint_digest(FP_A), r.cache_key)
     sink = DirectorySink(cache)
     pids = [str(r.meta["problem_id"]) for r in records[:3]]
     assert sink.decided(fingerprint_digest(FP_A), pids) == set(pids[:2])  # the third was published without one
@@ -244,12 +253,12 @@ def test_redis_to_archive_to_a_fresh_cache_directory_gives_the_decisions_the_run
 def test_importing_into_a_cache_directory_applies_the_replacement_rule_to_what_is_there(tmp_path):
     key = key_for(FP_A, "n=1")
     cache = tmp_path / "cache"
-    DiskStore(cache, 100).put(make_record(key, verified=True, created=50.0, winner=2))
+    LocalStore(cache, 100).put(make_record(key, verified=True, created=50.0, winner=2))
     folder = hand_archive(tmp_path / "a", FP_A, [entry(key, verified=False, created=99.0),
                                                   entry(key_for(FP_A, "n=2"))])
     result = ops.import_cache([arc.read_archive(folder)], cache, FP_A)
     assert (result[0].new, result[0].replaced, result[0].kept) == (1, 0, 1)
-    assert DiskStore(cache, 100).get(key).name == "other"
+    assert LocalStore(cache, 100).get(key).name == "other"
 
 
 # -- the runtime's fleet tier -----------------------------------------------------------------------------------
@@ -513,7 +522,7 @@ CORRUPTIONS = {
     "wrong fingerprint in the manifest": (lambda f: edit_manifest(f, lambda m: m.update(fingerprint=FP_B)),
                                           "field 'digest' .* is not the digest of field 'fingerprint'"),
     "a record of another fingerprint": (_foreign_record, "column 'environment': the key's fingerprint"),
-    "duplicate keys with conflicting rows": (_duplicate_conflicting, "row 2 .*duplicate key with a conflicting row"),
+    "duplicate keys with conflicting rows": (_duplicate_conflicting, "row 2 .*(duplicate key|keys out of order)"),
     "ratio <= 0": (_set_column("ratio", 0.0), "column 'ratio' = 0.0 is out of range"),
     "ratio NaN": (_set_column("ratio", math.nan), "column 'ratio' = nan is out of range"),
     "negative index": (_set_column("winner_index", -1), "column 'winner_index' = -1 is out of range"),
@@ -537,14 +546,14 @@ def test_a_corrupt_archive_is_refused_with_nothing_imported_into_redis_or_a_cach
     publish_fleet(store)  # what Redis holds already must stay exactly as it is
     before = redis_state(redis_db)
     cache = tmp_path / "cache"
-    DiskStore(cache, 100).put(make_record(key_for(FP_A, "n=5")))
-    cache_before = tree(cache)
+    LocalStore(cache, 100).put(make_record(key_for(FP_A, "n=5")))
+    cache_before = cache_state(cache)
     with pytest.raises(arc.ArchiveError, match=message):
         ops.import_redis(ops.load_archives(tmp_path / "in"), store)
     with pytest.raises(arc.ArchiveError, match=message):
         ops.import_cache(ops.load_archives(tmp_path / "in"), cache, FP_A, force=True)
     assert redis_state(redis_db) == before
-    assert tree(cache) == cache_before
+    assert cache_state(cache) == cache_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "in"]  # no staging folder left
 
 

@@ -19,11 +19,11 @@ import pytest
 from fakes import FAST, FakeRunner, candidates, problem
 
 from farm.engine import DecisionSource, StackTuner, Validation
+from farm.environment import fingerprint_digest
 from farm.errors import FailureKind, TuneFailure
 from farm.policy import MemoryEviction, Mode
-from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum, key_hash, key_sha256
-from farm.environment import fingerprint_digest
 from farm.stores import local as local_module
+from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum, key_hash, key_sha256
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
 from farm.stores.memory import MemoryStore
 

@@ -305,13 +305,13 @@ def _migrate(conn: sqlite3.Connection, directory: Path) -> list[Path]:
     with contextlib.suppress(OSError, ValueError):
         loaded = json.loads((directory / _LEGACY_INDEX).read_text())
         index = loaded if isinstance(loaded, dict) else {}
-    problems = index.get("problems") if isinstance(index.get("problems"), dict) else {}
+    problems: dict[str, Any] = index["problems"] if isinstance(index.get("problems"), dict) else {}
     farm_keys: dict[str, tuple[str, str]] = {}
     for digest, pids in problems.items():
         if isinstance(pids, dict):
             for pid, sha in pids.items():
                 farm_keys[str(sha)] = (str(digest), str(pid))
-    fingerprints = index.get("fingerprints") if isinstance(index.get("fingerprints"), dict) else {}
+    fingerprints: dict[str, Any] = index["fingerprints"] if isinstance(index.get("fingerprints"), dict) else {}
     for digest, text in fingerprints.items():
         conn.execute("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", (str(digest), str(text)))
     records = []

@@ -1,0 +1,377 @@
+"""Reading archives: every byte is checked before it is trusted, and hostile files are refused, never followed.
+
+The reader opens only regular files inside the archive folder (no symlinks, FIFOs or devices: ``O_NOFOLLOW`` and
+``O_NONBLOCK``, then ``fstat``), compares each file's size with the manifest before reading it and its sha256
+after, compares the Parquet row counts with the manifest before decoding, and decodes in batches of
+``READ_BATCH_ROWS`` rows. Keys must be strictly increasing (the writer sorts them), so a duplicate key is refused
+at the first repeat, in constant memory. Columns are checked with pyarrow compute (nulls, ranges, key form, the
+environment) and every record's own checksum and its agreement with its columns per row. Any failure is an
+:class:`ArchiveError` naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.stores.archive.schema import (
+    _CHECKED_GETTER,
+    _FREE_COLUMNS,
+    ARCHIVE_SCHEMA_VERSION,
+    DATA_FILES,
+    DECISION_COLUMNS,
+    DECISION_FIELDS,
+    DECISIONS_FILE,
+    MANIFEST_FILE,
+    PARQUET_DIGEST_KEY,
+    PARQUET_VERSION_KEY,
+    TRIAL_COLUMNS,
+    TRIAL_FIELDS,
+    TRIALS_FILE,
+    ArchiveEntry,
+    ArchiveError,
+    _same,
+    _short,
+    arrow_schema,
+    check_trial_ranges,
+    decision_row,
+    record_text,
+)
+from farm.stores.base import CorruptRecord, DecisionRecord
+
+READ_BATCH_ROWS = 8192
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+@dataclass
+class Archive:
+    """A verified archive: its manifest and its decisions by ``key_sha256`` (file order)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    entries: dict[str, ArchiveEntry] = field(default_factory=dict)
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest["fingerprint"])
+
+    @property
+    def digest(self) -> str:
+        return str(self.manifest["digest"])
+
+    @property
+    def trial_rows(self) -> int:
+        return sum(len(e.trials) for e in self.entries.values())
+
+
+def is_archive(path: Path) -> bool:
+    return os.path.lexists(path / MANIFEST_FILE)
+
+
+def archive_folders(path: Path | str) -> list[Path]:
+    """``path`` itself when it is one archive (holds manifest.json), else every archive folder directly inside it
+    (hidden temp folders skipped), sorted. ArchiveError when the path is missing or holds no archive."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ArchiveError(f"{path}: no such archive directory")
+    if is_archive(path):
+        return [path]
+    found = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".") and is_archive(p))
+    if not found:
+        raise ArchiveError(f"{path}: holds no archive (no {MANIFEST_FILE} in it or in its folders)")
+    return found
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """Parse and check manifest.json: schema version, fingerprint and digest (= the folder name), row counts,
+    checksums. ArchiveError naming the field otherwise."""
+    path = folder / MANIFEST_FILE
+    try:
+        data = json.loads(read_regular(path, limit=MAX_MANIFEST_BYTES))
+    except ValueError as e:
+        raise ArchiveError(f"{path}: not readable JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ArchiveError(f"{path}: a {type(data).__name__}, not an object")
+    version = data.get("schema_version")
+    if version != ARCHIVE_SCHEMA_VERSION or isinstance(version, bool):
+        raise ArchiveError(f"{path}: field 'schema_version' = {version!r}: this farm reads archive schema version "
+                           f"{ARCHIVE_SCHEMA_VERSION} only")
+    fingerprint = data.get("fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise ArchiveError(f"{path}: field 'fingerprint' = {fingerprint!r}: must be the fingerprint text")
+    digest = fingerprint_digest(fingerprint)
+    if data.get("digest") != digest:
+        raise ArchiveError(f"{path}: field 'digest' = {data.get('digest')!r} is not the digest of field "
+                           f"'fingerprint' ({digest})")
+    if folder.name != digest:
+        raise ArchiveError(f"{path}: the folder is named {folder.name!r}, not after its fingerprint digest {digest}")
+    rows = data.get("rows")
+    if not isinstance(rows, dict):
+        raise ArchiveError(f"{path}: field 'rows' = {rows!r}: must be an object")
+    for name in ("decisions", "trials"):
+        n = rows.get(name)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ArchiveError(f"{path}: field 'rows.{name}' = {n!r}: must be a count")
+    sums = data.get("sha256")
+    if not isinstance(sums, dict):
+        raise ArchiveError(f"{path}: field 'sha256' = {sums!r}: must be an object")
+    for name in DATA_FILES:
+        value = sums.get(name)
+        if not (isinstance(value, str) and len(value) == 64):
+            raise ArchiveError(f"{path}: field 'sha256.{name}' = {value!r}: must be a sha256 hex digest")
+    sizes = data.get("bytes")
+    if not (isinstance(sizes, dict) and all(isinstance(sizes.get(n), int) and not isinstance(sizes.get(n), bool)
+                                            and sizes[n] >= 0 for n in DATA_FILES)):
+        raise ArchiveError(f"{path}: field 'bytes' = {sizes!r}: must hold the byte count of each file")
+    return data
+
+
+def read_regular(path: Path, size: int | None = None, limit: int | None = None) -> bytes:
+    """The bytes of ``path`` if it is a regular file (never through a symlink, never blocking on a FIFO), checked
+    against ``size`` before reading (or read up to ``limit``). ArchiveError naming the path otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise ArchiveError(f"{path}: missing") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ArchiveError(f"{path}: a symbolic link, not a regular file: refused") from None
+        raise ArchiveError(f"{path}: unreadable: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
+                st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a file"
+            raise ArchiveError(f"{path}: {kind}, not a regular file: refused")
+        if size is not None and st.st_size != size:
+            raise ArchiveError(f"{path}: {st.st_size} bytes, but {MANIFEST_FILE} field 'bytes.{path.name}' says "
+                               f"{size} (truncated or replaced)")
+        if limit is not None and st.st_size > limit:
+            raise ArchiveError(f"{path}: {st.st_size} bytes, more than the {limit} a {path.name} may hold")
+        want = st.st_size
+        chunks = []
+        while want > 0:
+            chunk = os.read(fd, min(want, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            want -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) != st.st_size:
+            raise ArchiveError(f"{path}: changed size while being read")
+        return data
+    except OSError as e:
+        raise ArchiveError(f"{path}: unreadable: {e}") from None
+    finally:
+        os.close(fd)
+
+
+def verified_bytes(folder: Path, name: str, manifest: dict[str, Any]) -> bytes:
+    """A data file's bytes after its size (before reading) and sha256 (after) matched the manifest's."""
+    path = folder / name
+    data = read_regular(path, size=manifest["bytes"][name])
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != manifest["sha256"][name]:
+        raise ArchiveError(f"{path}: sha256 {actual[:16]}… does not match {MANIFEST_FILE} field 'sha256.{name}' "
+                           f"({manifest['sha256'][name][:16]}…): the file was modified or is truncated")
+    return data
+
+
+def parquet_file(path: Path, data: bytes, columns: Sequence[tuple[str, str, bool]], digest: str,
+                  rows: int) -> Any:
+    """Open verified bytes as Parquet and check the schema and row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        schema = pf.schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise ArchiveError(f"{path}: not a readable Parquet file: {e}") from None
+    expected = arrow_schema(columns, digest)
+    meta = schema.metadata or {}
+    if meta.get(PARQUET_VERSION_KEY) != str(ARCHIVE_SCHEMA_VERSION).encode():
+        raise ArchiveError(f"{path}: Parquet metadata {PARQUET_VERSION_KEY.decode()!r} = "
+                           f"{meta.get(PARQUET_VERSION_KEY)!r}, expected {ARCHIVE_SCHEMA_VERSION}")
+    if meta.get(PARQUET_DIGEST_KEY) != digest.encode():
+        raise ArchiveError(f"{path}: Parquet metadata {PARQUET_DIGEST_KEY.decode()!r} = "
+                           f"{meta.get(PARQUET_DIGEST_KEY)!r}, expected {digest!r}")
+    if not schema.equals(expected, check_metadata=False):
+        want = {f.name: f for f in expected}
+        have = {f.name: f for f in schema}
+        for name in want.keys() | have.keys():
+            if name not in have:
+                raise ArchiveError(f"{path}: column {name!r} is missing")
+            if name not in want:
+                raise ArchiveError(f"{path}: column {name!r} is not in schema version {ARCHIVE_SCHEMA_VERSION}")
+            if not have[name].equals(want[name]):
+                raise ArchiveError(f"{path}: column {name!r} is {have[name].type}"
+                                   f"{'' if have[name].nullable else ' not null'}, expected {want[name].type}"
+                                   f"{'' if want[name].nullable else ' not null'}")
+        raise ArchiveError(f"{path}: columns are not in the order of schema version {ARCHIVE_SCHEMA_VERSION}")
+    if pf.metadata.num_rows != rows or sum(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)) != rows:
+        raise ArchiveError(f"{path}: {pf.metadata.num_rows} rows, but {MANIFEST_FILE} field "
+                           f"'rows.{path.stem}' says {rows}")
+    return pf
+
+
+def batches(path: Path, pf: Any, columns: Sequence[tuple[str, str, bool]]) -> Iterator[tuple[int, Any]]:
+    """(first row, record batch) of ``READ_BATCH_ROWS`` rows at a time, with the not-null columns checked."""
+    import pyarrow as pa
+
+    at = 0
+    try:
+        for batch in pf.iter_batches(batch_size=READ_BATCH_ROWS):
+            for i, (name, _, nullable) in enumerate(columns):
+                if not nullable and batch.column(i).null_count:
+                    raise ArchiveError(f"{path}: column {name!r} holds nulls")
+            yield at, batch
+            at += batch.num_rows
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise ArchiveError(f"{path}: not a readable Parquet file: {e}") from None
+
+
+def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | None:
+    """Columnar: every ``key_sha256`` is 64 lowercase hex digits and greater than the one before it (the writer
+    sorts them: a repeat is a duplicate key). Returns the last key."""
+    import pyarrow.compute as pc
+
+    if len(keys) == 0:
+        return previous
+    bad = pc.invert(pc.match_substring_regex(keys, "^[0-9a-f]{64}$"))
+    if pc.any(bad).as_py():
+        i = pc.index(bad, True).as_py()
+        raise ArchiveError(f"{path}: row {at + i}: column 'key_sha256' = {_short(keys[i].as_py())} is not a sha256")
+    order = pc.less_equal(keys[1:], keys[:-1]) if len(keys) > 1 else None
+    first = keys[0].as_py()
+    if previous is not None and first <= previous:
+        i, key = 0, first
+    elif order is not None and pc.any(order).as_py():
+        i = pc.index(order, True).as_py() + 1
+        key = keys[i].as_py()
+    else:
+        return str(keys[-1].as_py())
+    before = previous if i == 0 else keys[i - 1].as_py()
+    what = "duplicate key" if key == before else "keys out of order (the writer sorts them)"
+    raise ArchiveError(f"{path}: row {at + i} (key {key[:12]}): {what}: refused")
+
+
+def check_decision_ranges(path: Path, batch: Any, at: int) -> None:
+    """Columnar range checks of a batch of decision rows (ArchiveError naming the first bad row)."""
+    import pyarrow.compute as pc
+
+    def refuse(name: str, ok: Any, rule: str) -> None:
+        ok = pc.fill_null(ok, False)
+        i = pc.index(ok, False).as_py()
+        if i >= 0:
+            raise ArchiveError(f"{path}: row {at + i} (key {batch.column(0)[i].as_py()[:12]}): column {name!r} = "
+                               f"{batch.column(name)[i].as_py()!r} is out of range ({rule})")
+
+    ratio, created, mad = batch.column("ratio"), batch.column("created"), batch.column("relative_mad")
+    refuse("ratio", pc.and_(pc.is_finite(ratio), pc.greater(ratio, 0.0)), "must be finite and > 0")
+    refuse("winner_index", pc.greater_equal(batch.column("winner_index"), 0), "must be >= 0")
+    refuse("reference_index", pc.greater_equal(batch.column("reference_index"), 0), "must be >= 0")
+    refuse("created", pc.and_(pc.is_finite(created), pc.greater_equal(created, 0.0)), "must be finite and >= 0")
+    refuse("relative_mad", pc.or_kleene(pc.is_null(mad), pc.and_(pc.is_finite(mad), pc.greater_equal(mad, 0.0))),
+           "must be null or finite and >= 0")
+    samples = batch.column("samples")
+    refuse("samples", pc.or_kleene(pc.is_null(samples), pc.greater_equal(samples, 0)), "must be null or >= 0")
+
+
+def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
+    """Read and verify one archive folder completely; ArchiveError (naming file, row and field) on any problem.
+    A key that appears twice is refused."""
+    import pyarrow.compute as pc
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    digest = manifest["digest"]
+    fingerprint = manifest["fingerprint"]
+    path = folder / DECISIONS_FILE
+    pf = parquet_file(path, verified_bytes(folder, DECISIONS_FILE, manifest), DECISION_COLUMNS, digest,
+                      manifest["rows"]["decisions"])
+    trial_pf = parquet_file(folder / TRIALS_FILE, verified_bytes(folder, TRIALS_FILE, manifest), TRIAL_COLUMNS,
+                            digest, manifest["rows"]["trials"]) if trials else None
+    entries: dict[str, ArchiveEntry] = {}
+    last: str | None = None
+    json_at = DECISION_FIELDS.index("record_json")
+    for at, batch in batches(path, pf, DECISION_COLUMNS):
+        environment = batch.column("environment")
+        wrong = pc.not_equal(environment, fingerprint)
+        if pc.any(wrong).as_py():
+            i = pc.index(wrong, True).as_py()
+            raise ArchiveError(f"{path}: row {at + i}: column 'environment': the key's fingerprint (digest "
+                               f"{fingerprint_digest(environment[i].as_py())}) is not the manifest's ({digest})")
+        last = check_keys(path, batch.column(0), at, last)
+        check_decision_ranges(path, batch, at)
+        columns = [batch.column(i).to_pylist() for i in range(len(DECISION_FIELDS))]
+        for i, values in enumerate(zip(*columns, strict=True)):
+            row = dict(zip(DECISION_FIELDS, values, strict=True))
+            where = f"{path}: row {at + i} (key {str(row['key_sha256'])[:12]})"
+            text = values[json_at]
+            try:
+                if record_text(text) is None:
+                    raise ArchiveError("column 'record_json' is not DecisionRecord.to_json text (checksum last)")
+                try:
+                    record = DecisionRecord.from_json(text, expected_key=row["cache_key"])
+                except CorruptRecord as e:
+                    raise ArchiveError(f"column 'record_json': {e}") from None
+                derived = decision_row(record, row["problem_id"], text)
+            except ArchiveError as e:
+                raise ArchiveError(f"{where}: {e}") from None
+            if _CHECKED_GETTER(row) != _CHECKED_GETTER(derived):  # (column types are fixed by the schema)
+                for name in DECISION_FIELDS:
+                    if name not in _FREE_COLUMNS and not _same(row[name], derived[name]):
+                        raise ArchiveError(f"{where}: column {name!r} = {_short(row[name])} disagrees with "
+                                           f"record_json ({_short(derived[name])})")
+            entries[row["key_sha256"]] = ArchiveEntry(record, row["problem_id"], (), text)
+    archive = Archive(folder, manifest, entries)
+    if trial_pf is not None:
+        _attach_trials(archive, folder / TRIALS_FILE, trial_pf)
+    return archive
+
+
+def _attach_trials(archive: Archive, path: Path, pf: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    known = pa.array(list(archive.entries), pa.string())
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    names = [name for name, _, _ in TRIAL_COLUMNS]
+    extra_at = names.index("extra_json")
+    for at, batch in batches(path, pf, TRIAL_COLUMNS):
+        check_trial_ranges(batch, path, at)
+        keys = batch.column(0)
+        orphan = pc.invert(pc.is_in(keys, value_set=known))
+        if pc.any(orphan).as_py():
+            i = pc.index(orphan, True).as_py()
+            raise ArchiveError(f"{path}: row {at + i}: column 'key_sha256' = {keys[i].as_py()[:12]}… names no "
+                               f"decision of the archive")
+        columns = [batch.column(i).to_pylist() for i in range(len(names))]
+        for i, values in enumerate(zip(*columns, strict=True)):
+            key = values[0]
+            row = dict(zip(TRIAL_FIELDS, values[1:extra_at], strict=True))
+            extra = values[extra_at]
+            if extra is not None:
+                try:
+                    more = json.loads(extra)
+                except ValueError as e:
+                    raise ArchiveError(f"{path}: row {at + i}: column 'extra_json' is not JSON: {e}") from None
+                if not isinstance(more, dict) or set(more) & set(TRIAL_FIELDS):
+                    raise ArchiveError(f"{path}: row {at + i}: column 'extra_json' must be an object of other fields")
+                row.update(more)
+            rows = grouped.get(key)
+            if rows is None:
+                rows = grouped[key] = []
+            rows.append(row)
+    for key, rows in grouped.items():
+        entry = archive.entries[key]
+        archive.entries[key] = ArchiveEntry(entry.record, entry.problem_id, tuple(rows), entry.text)
