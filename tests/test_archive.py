@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -428,6 +432,88 @@ def test_a_corrupt_archive_is_a_cache_warning_for_the_runtime_never_an_error(tmp
     decision = tuner.select(problem, [Candidate(n) for n in NAMES], 0, FakeRunner())
     assert decision.source is farm.DecisionSource.CACHE_MISS
     assert tuner.stats().cache_warnings == 1
+
+
+# -- hostile archives: refused at once, never followed, never a hang ---------------------------------------------
+
+
+def _symlink_to_dev_zero(folder: Path) -> None:
+    (folder / arc.DECISIONS_FILE).unlink()
+    os.symlink("/dev/zero", folder / arc.DECISIONS_FILE)
+
+
+def _fifo(name: str):
+    def make(folder: Path) -> None:
+        (folder / name).unlink()
+        os.mkfifo(folder / name)
+    return make
+
+
+def _copies_of_one_row(folder: Path) -> None:
+    table = pq.read_table(folder / arc.DECISIONS_FILE)
+    pq.write_table(table.take([0] * 20000), folder / arc.DECISIONS_FILE, compression="zstd", row_group_size=1024)
+    reseal(folder)
+
+
+def _one_huge_row_group(folder: Path) -> None:
+    table = pq.read_table(folder / arc.DECISIONS_FILE)
+    pq.write_table(table.take([0] * 70000), folder / arc.DECISIONS_FILE, compression="zstd", row_group_size=70000)
+    reseal(folder)
+
+
+HOSTILE = {
+    "decisions.parquet is a symlink to /dev/zero": (
+        _symlink_to_dev_zero, "decisions.parquet: a symbolic link, not a regular file: refused"),
+    "decisions.parquet is a FIFO": (_fifo(arc.DECISIONS_FILE), "decisions.parquet: a FIFO, not a regular file"),
+    "manifest.json is a FIFO": (_fifo(arc.MANIFEST_FILE), "manifest.json: a FIFO, not a regular file"),
+    "20,000 copies of one row": (_copies_of_one_row, "decisions.parquet: row 1 .*duplicate key: refused"),
+    "one row group of 70,000 rows": (_one_huge_row_group, "row group 0 holds 70000 rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_archive_is_a_one_line_refusal_for_the_cli_and_a_warning_and_miss_for_an_application(
+        case, tmp_path, caplog):
+    make_hostile, message = HOSTILE[case]
+    key = key_for(FP_A, "n=1")
+    folder = hand_archive(tmp_path / "in", FP_A, [entry(key, created=time.time() - 60), entry(key_for(FP_A, "n=2"))])
+    make_hostile(folder)
+    for command in ("inspect", "import"):
+        args = [command, str(folder)] + (["--into-cache", str(tmp_path / "cache")] if command == "import" else [])
+        done = farm_cli(*args, cwd=tmp_path)  # (a hang would exceed farm_cli's timeout)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and re.search(message, done.stderr), done.stderr
+    assert not (tmp_path / "cache").exists()
+
+    from fakes import FakeRunner
+
+    with caplog.at_level(logging.WARNING):
+        tuner = farm.StackTuner(farm.StackPolicy(mode=farm.Mode.CACHE_ONLY), fleet=[arc.ArchiveStore(tmp_path / "in")])
+        problem = Problem(Scope.OPERATOR, "scale", FP_A, "n=1", persistent=True)
+        decision = tuner.select(problem, [Candidate(n) for n in NAMES], 0, FakeRunner())
+    assert decision.source is farm.DecisionSource.CACHE_MISS
+    assert re.search(message, caplog.text)
+
+
+def test_archives_and_a_new_cache_follow_the_umask_and_an_existing_cache_keeps_its_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        folder = hand_archive(tmp_path / "out", FP_A, [entry(key_for(FP_A, "n=1"))])
+        ops.import_cache([arc.read_archive(folder)], tmp_path / "new-cache", FP_A)
+        shared = tmp_path / "shared-cache"
+        shared.mkdir(mode=0o750)
+        os.chmod(shared, 0o750)
+        ops.import_cache([arc.read_archive(folder)], shared, FP_A)
+    finally:
+        os.umask(old)
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(folder) == 0o755 and {mode(p) for p in folder.iterdir()} == {0o644}
+    assert mode(tmp_path / "new-cache") == 0o755
+    assert {mode(p) for p in (tmp_path / "new-cache").iterdir()} == {0o644}
+    assert mode(shared) == 0o750
 
 
 # -- refusals: nothing imported ---------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ from farm.stores.base import CorruptRecord, DecisionRecord
 
 READ_BATCH_ROWS = 8192
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_GROUP_ROWS = 65536  # the writer's row groups hold 1,024 decisions or 65,536 trial rows
+MAX_GROUP_BYTES = 1 << 28  # uncompressed, as the file's metadata declares it
 
 
 @dataclass
@@ -217,6 +219,11 @@ def parquet_file(path: Path, data: bytes, columns: Sequence[tuple[str, str, bool
                                    f"{'' if have[name].nullable else ' not null'}, expected {want[name].type}"
                                    f"{'' if want[name].nullable else ' not null'}")
         raise ArchiveError(f"{path}: columns are not in the order of schema version {ARCHIVE_SCHEMA_VERSION}")
+    for g in range(pf.num_row_groups):
+        group = pf.metadata.row_group(g)
+        if group.num_rows > MAX_GROUP_ROWS or group.total_byte_size > MAX_GROUP_BYTES:
+            raise ArchiveError(f"{path}: row group {g} holds {group.num_rows} rows ({group.total_byte_size} bytes), "
+                               f"more than a reader decodes at once ({MAX_GROUP_ROWS} rows, {MAX_GROUP_BYTES} bytes)")
     if pf.metadata.num_rows != rows or sum(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)) != rows:
         raise ArchiveError(f"{path}: {pf.metadata.num_rows} rows, but {MANIFEST_FILE} field "
                            f"'rows.{path.stem}' says {rows}")

@@ -73,8 +73,8 @@ class _Loaded:
 class ArchiveStore:
     """A read-only fleet tier over archive directories (each one archive folder or a folder of them).
 
-    Folders are discovered and their manifests checked at construction (ArchiveError for a missing directory or
-    a bad manifest). An archive is loaded on the first lookup of its fingerprint (or by :meth:`load`): its
+    Folders are discovered and their manifests checked at construction (ArchiveError for a missing directory; a
+    folder whose manifest is unusable is logged as a warning and skipped: its lookups are misses). An archive is loaded on the first lookup of its fingerprint (or by :meth:`load`): its
     decisions.parquet is read once, checked against the manifest's byte count and sha256, and only its
     ``key_sha256`` column is indexed; a hit decodes the ``record_json`` of one row group (kept in a small LRU of
     ``row_groups`` groups per archive) and parses and verifies that one record. Memory is bounded by the
@@ -92,7 +92,11 @@ class ArchiveStore:
         self._manifests: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
         for directory in self.directories:
             for folder in archive_folders(directory):
-                manifest = read_manifest(folder)
+                try:
+                    manifest = read_manifest(folder)
+                except ArchiveError as e:
+                    log.warning("archive %s is unusable and skipped: %s", folder, e)
+                    continue
                 self._manifests.setdefault(manifest["digest"], []).append((folder, manifest))
         self._loaded: dict[str, list[_Loaded]] = {}
         self._broken: dict[str, str] = {}
