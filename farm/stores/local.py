@@ -18,6 +18,7 @@ the file the first time a process opens it, and its files are removed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ FARM = 1
 _LEGACY_RECORD = re.compile(r"[0-9a-f]{64}\.json")
 _LEGACY_INDEX = "farm-index.json"
 _LEGACY_TRIALS = "trials"
+_BATCH = 1000
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -104,6 +106,7 @@ class LocalStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
+            conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
                 self._create(conn)
@@ -212,29 +215,48 @@ class LocalStore:
     def publish_many(self, publications: Iterable[Publication]) -> list[tuple[bool, str]]:
         """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): the record with
         its trial rows, the fingerprint text and the problem index. Returns (replaced, "new" | "replaced" |
-        "kept: ...") per publication; all of it is written or none of it."""
+        "kept: ...") per publication; all of it is written or none of it. Stored records are looked up and
+        rows written ``_BATCH`` at a time."""
         results: list[tuple[bool, str]] = []
+        chosen: dict[bytes, tuple[Publication, str]] = {}  # what each touched key will hold
+        stored: set[bytes] = set()  # keys with a row to delete first
+        digests: dict[str, str] = {}
         with self._write() as conn:
-            fingerprints: dict[str, str] = {}
-            for pub in publications:
-                key = key_hash(pub.record.cache_key)
-                row = conn.execute("SELECT record FROM decisions WHERE key = ?", (key,)).fetchone()
-                old = None
-                if row is not None:
-                    with contextlib.suppress(CorruptRecord):
-                        old = DecisionRecord.from_json(row[0], expected_key=pub.record.cache_key)
-                if not replaces(pub.record, old):
-                    results.append((False, "kept: the stored record wins under the replacement rule"))
-                    continue
-                digest = fingerprints.get(pub.fingerprint)
-                if digest is None:
-                    digest = fingerprints[pub.fingerprint] = fingerprint_digest(pub.fingerprint)
-                    conn.execute("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", (digest, pub.fingerprint))
-                _replace(conn, key, FARM, pub.record.created, pub.problem_id or None, pub.json)
-                conn.execute("INSERT OR REPLACE INTO trials VALUES (?, ?)", (key, pub.trials_json or "[]"))
-                if pub.problem_id:
-                    conn.execute("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", (digest, pub.problem_id, key))
-                results.append((True, "new" if row is None else "replaced"))
+            pending = iter(publications)
+            while chunk := list(itertools.islice(pending, _BATCH)):
+                keys = [key_hash(pub.record.cache_key) for pub in chunk]
+                unseen = list({k for k in keys if k not in chosen})
+                old_rows = dict(conn.execute(
+                    f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})", unseen
+                ).fetchall()) if unseen else {}
+                stored.update(old_rows)
+                for pub, key in zip(chunk, keys, strict=True):
+                    held = chosen.get(key)
+                    old: DecisionRecord | None = held[0].record if held is not None else None
+                    if held is None and key in old_rows:
+                        with contextlib.suppress(CorruptRecord):
+                            old = DecisionRecord.from_json(old_rows[key], expected_key=pub.record.cache_key)
+                    if not replaces(pub.record, old):
+                        results.append((False, "kept: the stored record wins under the replacement rule"))
+                        continue
+                    digest = digests.get(pub.fingerprint)
+                    if digest is None:
+                        digest = digests[pub.fingerprint] = fingerprint_digest(pub.fingerprint)
+                    chosen[key] = (pub, digest)
+                    results.append((True, "new" if held is None and key not in old_rows else "replaced"))
+            conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)",
+                             [(d, text) for text, d in digests.items()])
+            items = list(chosen.items())
+            for at in range(0, len(items), _BATCH):
+                part = items[at : at + _BATCH]
+                conn.executemany("DELETE FROM decisions WHERE key = ?", [(k,) for k, _ in part if k in stored])
+                conn.executemany(
+                    "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
+                    [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part])
+                conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)",
+                                 [(k, p.trials_json or "[]") for k, (p, _) in part])
+                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
+                                 [(d, p.problem_id, k) for k, (p, d) in part if p.problem_id])
         return results
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:

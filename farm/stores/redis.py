@@ -69,6 +69,20 @@ class KeyLayout:
 field_for = key_sha256  # the hash field of a cache key (farm.stores.base.key_sha256, its one definition)
 
 
+def _resp(args: list[bytes]) -> bytes:
+    """One command in the Redis protocol (RESP): an array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+    return b"".join(out)
+
+
+def redis_module() -> Any:
+    import redis
+
+    return redis
+
+
 def connect(url: str, timeout: float = 2.0, retries: bool = True) -> Any:
     """A redis-py client for ``url`` with bounded socket timeouts (imported lazily: the core stays light).
     ``retries=False`` for the runtime's read path: one failed attempt, then the store's own back-off."""
@@ -107,6 +121,7 @@ class RedisDecisions:
         self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self._function_loaded = False
+        self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
 
     # -- fleet-tier reads ---------------------------------------------------------------------------------
@@ -161,11 +176,16 @@ class RedisDecisions:
 
     def _publish_args(self, pub: Publication) -> tuple[list[str], list[str]]:
         """The keys and arguments of one ``farm_publish`` call (publish.lua): built here and nowhere else."""
-        digest = fingerprint_digest(pub.fingerprint)
-        s = self.settings
-        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key, s.trials_key(digest)]
-        args = [key_sha256(pub.record.cache_key), pub.json, pub.problem_id, digest, pub.fingerprint,
-                str(s.events_maxlen), pub.trials_json]
+        cached = self._publish_keys.get(pub.fingerprint)
+        if cached is None:
+            digest = fingerprint_digest(pub.fingerprint)
+            s = self.settings
+            cached = self._publish_keys[pub.fingerprint] = (digest, str(s.events_maxlen), [
+                s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
+                s.trials_key(digest)])
+        digest, maxlen, keys = cached
+        args = [key_sha256(pub.record.cache_key), pub.json, pub.problem_id, digest, pub.fingerprint, maxlen,
+                pub.trials_json]
         return keys, args
 
     def publish_many(self, publications: Iterable[Publication], batch: int = 2000) -> list[tuple[bool, str]]:
@@ -191,11 +211,39 @@ class RedisDecisions:
         return results
 
     def _execute(self, chunk: list[Publication]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=len(chunk) > 1)
+        """One MULTI/EXEC of ``farm_publish`` calls (one call: no transaction), packed here: redis-py's generic
+        per-argument packing costs more than the server's work for a batch. Error replies come back in place."""
+        commands = []
         for pub in chunk:
             keys, args = self._publish_args(pub)
-            pipe.fcall("farm_publish", len(keys), *keys, *args)
-        return list(pipe.execute(raise_on_error=False))
+            commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
+        pool = self.client.connection_pool
+        try:
+            conn = pool.get_connection()
+        except TypeError:  # redis-py before 5.3 needs a command name
+            conn = pool.get_connection("FCALL")
+        try:
+            if len(chunk) == 1:
+                conn.send_packed_command([commands[0]])
+                try:
+                    return [conn.read_response()]
+                except redis_module().ResponseError as e:
+                    return [e]
+            conn.send_packed_command([b"".join([_resp([b"MULTI"]), *commands, _resp([b"EXEC"])])])
+            conn.read_response()  # +OK
+            queued = []
+            for _ in chunk:
+                try:
+                    queued.append(conn.read_response())
+                except redis_module().ResponseError as e:
+                    queued.append(e)
+            replies = conn.read_response()  # raises EXECABORT when a call was refused while queueing
+            return list(replies)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
     # -- listing ------------------------------------------------------------------------------------------
 

@@ -23,16 +23,15 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.stores.archive.schema import (
-    _CHECKED_GETTER,
-    _FREE_COLUMNS,
     ARCHIVE_SCHEMA_VERSION,
     DATA_FILES,
     DECISION_COLUMNS,
-    DECISION_FIELDS,
     DECISIONS_FILE,
+    KEY_PARTS,
     MANIFEST_FILE,
     PARQUET_DIGEST_KEY,
     PARQUET_VERSION_KEY,
+    SCALAR_COLUMNS,
     TRIAL_COLUMNS,
     TRIAL_FIELDS,
     TRIALS_FILE,
@@ -42,15 +41,18 @@ from farm.stores.archive.schema import (
     _short,
     arrow_schema,
     check_trial_ranges,
-    decision_row,
+    derived_scalars,
     record_text,
 )
-from farm.stores.base import CorruptRecord, DecisionRecord
+from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256
 
 READ_BATCH_ROWS = 8192
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_GROUP_ROWS = 65536  # the writer's row groups hold 1,024 decisions or 65,536 trial rows
-MAX_GROUP_BYTES = 1 << 28  # uncompressed, as the file's metadata declares it
+MAX_GROUP_BYTES = 1 << 28
+# The decision columns a reader converts to Python, row by row: the rest is checked column-wise.
+_PER_ROW = ("key_sha256", "cache_key", "record_json", "problem_id", "operation_key", "reference_position",
+            "manifest", *SCALAR_COLUMNS)  # uncompressed, as the file's metadata declares it
 
 
 @dataclass
@@ -271,6 +273,23 @@ def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | No
     raise ArchiveError(f"{path}: row {at + i} (key {key[:12]}): {what}: refused")
 
 
+def check_key_parts(path: Path, batch: Any, at: int) -> None:
+    """Columnar: the key-part columns, length-delimited and joined, are exactly column ``cache_key``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    encoded = []
+    for name in KEY_PARTS:
+        column = batch.column(name)
+        encoded.append(pc.binary_join_element_wise(pc.cast(pc.binary_length(column), pa.string()), column, ":"))
+    joined = pc.binary_join_element_wise(*encoded, "")
+    wrong = pc.fill_null(pc.not_equal(joined, batch.column("cache_key")), True)
+    i = pc.index(wrong, True).as_py()
+    if i >= 0:
+        raise ArchiveError(f"{path}: row {at + i}: the key-part columns ({', '.join(KEY_PARTS)}) disagree with "
+                           f"column 'cache_key'")
+
+
 def check_decision_ranges(path: Path, batch: Any, at: int) -> None:
     """Columnar range checks of a batch of decision rows (ArchiveError naming the first bad row)."""
     import pyarrow.compute as pc
@@ -309,7 +328,6 @@ def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
                             digest, manifest["rows"]["trials"]) if trials else None
     entries: dict[str, ArchiveEntry] = {}
     last: str | None = None
-    json_at = DECISION_FIELDS.index("record_json")
     for at, batch in batches(path, pf, DECISION_COLUMNS):
         environment = batch.column("environment")
         wrong = pc.not_equal(environment, fingerprint)
@@ -319,27 +337,31 @@ def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
                                f"{fingerprint_digest(environment[i].as_py())}) is not the manifest's ({digest})")
         last = check_keys(path, batch.column(0), at, last)
         check_decision_ranges(path, batch, at)
-        columns = [batch.column(i).to_pylist() for i in range(len(DECISION_FIELDS))]
-        for i, values in enumerate(zip(*columns, strict=True)):
-            row = dict(zip(DECISION_FIELDS, values, strict=True))
-            where = f"{path}: row {at + i} (key {str(row['key_sha256'])[:12]})"
-            text = values[json_at]
+        check_key_parts(path, batch, at)
+        py = {name: batch.column(name).to_pylist() for name in _PER_ROW}
+        scalars = list(zip(*(py[name] for name in SCALAR_COLUMNS), strict=True))
+        for i, (sha, key, text, pid, op_key, position, manifest_part, spec_json) in enumerate(zip(
+                py["key_sha256"], py["cache_key"], py["record_json"], py["problem_id"], py["operation_key"],
+                py["reference_position"], py["manifest"], py["spec_json"], strict=True)):
+            where = f"{path}: row {at + i} (key {sha[:12]})"
             try:
+                if key_sha256(key) != sha:
+                    raise ArchiveError(f"column 'key_sha256' = {sha[:12]}… is not the sha256 of column 'cache_key'")
                 if record_text(text) is None:
                     raise ArchiveError("column 'record_json' is not DecisionRecord.to_json text (checksum last)")
                 try:
-                    record = DecisionRecord.from_json(text, expected_key=row["cache_key"])
+                    record = DecisionRecord.from_json(text, expected_key=key)
                 except CorruptRecord as e:
                     raise ArchiveError(f"column 'record_json': {e}") from None
-                derived = decision_row(record, row["problem_id"], text)
+                derived = derived_scalars(record, op_key, position, manifest_part, spec_json)
             except ArchiveError as e:
                 raise ArchiveError(f"{where}: {e}") from None
-            if _CHECKED_GETTER(row) != _CHECKED_GETTER(derived):  # (column types are fixed by the schema)
-                for name in DECISION_FIELDS:
-                    if name not in _FREE_COLUMNS and not _same(row[name], derived[name]):
-                        raise ArchiveError(f"{where}: column {name!r} = {_short(row[name])} disagrees with "
-                                           f"record_json ({_short(derived[name])})")
-            entries[row["key_sha256"]] = ArchiveEntry(record, row["problem_id"], (), text)
+            if derived != scalars[i]:  # (column types are fixed by the schema)
+                for name, have, want in zip(SCALAR_COLUMNS, scalars[i], derived, strict=True):
+                    if not _same(have, want):
+                        raise ArchiveError(f"{where}: column {name!r} = {_short(have)} disagrees with "
+                                           f"record_json ({_short(want)})")
+            entries[sha] = ArchiveEntry(record, pid, (), text)
     archive = Archive(folder, manifest, entries)
     if trial_pf is not None:
         _attach_trials(archive, folder / TRIALS_FILE, trial_pf)

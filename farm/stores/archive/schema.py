@@ -12,6 +12,7 @@ pyarrow is imported lazily: ``import farm`` stays light.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import operator
 from collections.abc import Sequence
@@ -150,6 +151,13 @@ def _meta_str(meta: Any, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# The decision columns derived from the record and three parts of its key, in this order (see derived_scalars).
+SCALAR_COLUMNS = (
+    "operation", "device_kind", "spec_json", "winner", "winner_index", "reference", "reference_index", "ratio",
+    "relative_mad", "verified", "samples", "created", "farm_version", "run_id", "confirmation",
+)
+
+
 def decision_row(record: DecisionRecord, problem_id: str | None, record_json: str | None = None) -> dict[str, Any]:
     """The columns of a decision. Everything but ``problem_id`` is derived from the record, so a reader can check
     that a row agrees with its ``record_json``. Raises ArchiveError for a key that is not a v1 cache key or whose
@@ -162,10 +170,36 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     if len(parts) != len(KEY_PARTS) or parts[0] != KEY_VERSION:
         raise ArchiveError(f"cache key is not a {KEY_VERSION} key ({len(parts)} parts, version {parts[0]!r})"
                            if parts else "cache key is empty")
-    names = _manifest_names(parts[7])
-    if str(record.reference_index) != parts[6]:
+    scalars = derived_scalars(record, parts[2], parts[6], parts[7])
+    return {
+        "key_sha256": key_sha256(key),
+        "cache_key": key,
+        **dict(zip(KEY_PARTS, parts, strict=True)),
+        **dict(zip(SCALAR_COLUMNS, scalars, strict=True)),
+        "problem_id": problem_id,
+        "record_json": record.to_json() if record_json is None else record_json,
+    }
+
+
+@functools.lru_cache(maxsize=1024)
+def _operation_parts(operation_key: str) -> tuple[str | None, str | None]:
+    try:  # the runtime adapter's operation key: fields([name, device kind, set checksum])
+        op_parts = split_fields(operation_key)
+    except (ValueError, UnicodeDecodeError):
+        op_parts = []
+    if len(op_parts) == 3 and all(op_parts):
+        return op_parts[0], op_parts[1]
+    return None, None
+
+
+def derived_scalars(record: DecisionRecord, operation_key: str, reference_position: str, manifest: str,
+                    spec_json: str | None = None) -> tuple[Any, ...]:
+    """The values of ``SCALAR_COLUMNS`` for a record whose key has these operation, reference-position and
+    manifest parts. ``spec_json``: a stored column to reuse when it holds the record's spec (saves encoding)."""
+    names = _manifest_names(manifest)
+    if str(record.reference_index) != reference_position:
         raise ArchiveError(f"field 'reference_index' = {record.reference_index} differs from the key's reference "
-                           f"position {parts[6]!r}")
+                           f"position {reference_position!r}")
     for what, index in (("winner_index", record.index), ("reference_index", record.reference_index)):
         if not 0 <= index < len(names):
             raise ArchiveError(f"field {what!r} = {index} is out of range for {len(names)} candidates")
@@ -176,40 +210,30 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     operation = _meta_str(meta, "operation")
     device_kind = _meta_str(meta, "device_kind")
     if operation is None or device_kind is None:
-        try:  # the runtime adapter's operation key: fields([name, device kind, set checksum])
-            op_parts = split_fields(parts[2])
-        except (ValueError, UnicodeDecodeError):
-            op_parts = []
-        if len(op_parts) == 3 and all(op_parts):
-            operation = operation or op_parts[0]
-            device_kind = device_kind or op_parts[1]
+        op_name, op_kind = _operation_parts(operation_key)
+        operation = operation or op_name
+        device_kind = device_kind or op_kind
     mad: Any = meta.get("relative_mad")
     samples = meta.get("samples")
     spec = meta.get("spec")
-    row = {
-        "key_sha256": key_sha256(key),
-        "cache_key": key,
-        **dict(zip(KEY_PARTS, parts, strict=True)),
-        "operation": operation or parts[2],
-        "device_kind": device_kind,
-        "spec_json": canonical_json(spec) if spec is not None else None,
-        "problem_id": problem_id,
-        "winner": record.name,
-        "winner_index": record.index,
-        "reference": names[record.reference_index],
-        "reference_index": record.reference_index,
-        "ratio": record.ratio,
-        "relative_mad": float(mad) if _number(mad) and math.isfinite(mad) and mad >= 0 else None,
-        "verified": record.verified,
-        "samples": samples if isinstance(samples, int) and not isinstance(samples, bool)
-        and 0 <= samples <= _INT32[1] else None,
-        "created": record.created,
-        "farm_version": _meta_str(meta, "farm_version"),
-        "run_id": _meta_str(meta, "run"),
-        "confirmation": _meta_str(meta, "confirmation"),
-        "record_json": record.to_json() if record_json is None else record_json,
-    }
-    return row
+    if spec is None:
+        spec_json = None
+    elif spec_json is None or _loads(spec_json) != spec:
+        spec_json = canonical_json(spec)
+    return (
+        operation or operation_key, device_kind, spec_json, record.name, record.index,
+        names[record.reference_index], record.reference_index, record.ratio,
+        float(mad) if _number(mad) and math.isfinite(mad) and mad >= 0 else None, record.verified,
+        samples if isinstance(samples, int) and not isinstance(samples, bool) and 0 <= samples <= _INT32[1] else None,
+        record.created, _meta_str(meta, "farm_version"), _meta_str(meta, "run"), _meta_str(meta, "confirmation"),
+    )
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _number(value: Any) -> bool:
