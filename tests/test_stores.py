@@ -275,6 +275,28 @@ def test_a_cache_directory_of_the_previous_format_is_migrated_once(tmp_path: Pat
     assert app.count(FARM) == 3 and [app.get(k) is not None for k in app_keys] == [False, False]
 
 
+def test_a_reader_that_may_not_write_the_cache_reads_a_view_that_follows_the_writers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = LocalStore(tmp_path, 8)
+    writer.put(record("k", name="first"))
+    writer.close()  # the last connection closes: SQLite removes the WAL files another user would need
+
+    def read_only(self: LocalStore) -> Any:
+        raise sqlite3.OperationalError("attempt to write a readonly database")  # as for another user, 0755
+
+    monkeypatch.setattr(LocalStore, "_open", read_only)
+    reader = LocalStore(tmp_path, 8)
+    assert reader.get("k").name == "first"
+    monkeypatch.undo()
+    writer.put(record("k", name="second", index=2))
+    writer.put(record("other"))
+    writer.close()
+    monkeypatch.setattr(LocalStore, "_open", read_only)
+    assert reader.get("k").name == "second" and reader.get("other") is not None
+    with pytest.raises(OSError):
+        reader.put(record("mine"))
+
+
 WRITER = """
 import sys, time
 from pathlib import Path

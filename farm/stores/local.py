@@ -26,6 +26,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,21 +88,46 @@ class LocalStore:
         self.owner = owner
         self.timeout = timeout
         self._conn: sqlite3.Connection | None = None
+        self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
         self._pid = 0
         self._lock = threading.RLock()
 
     # -- connection ---------------------------------------------------------------------------------------------
 
     def _connect(self, create: bool) -> sqlite3.Connection | None:
-        """The open connection (reopened after a fork); None when the file is missing and ``create`` is false."""
+        """The open connection (reopened after a fork); None when the file is missing and ``create`` is false.
+
+        A reader that may not write the cache (another user's, under a 0755 folder) reads an immutable view of the
+        file instead, reopened whenever the file changes: it sees what writers have checkpointed."""
         if self._conn is not None and self._pid == os.getpid():
-            return self._conn
+            if self._snapshot is None or self._snapshot == _stamp(self.path) or create:
+                return self._conn
+            self._conn.close()
+            self._conn = None
         if not create and not self.path.exists() and not _legacy_files(self.directory):
             with contextlib.suppress(FileNotFoundError):
                 os.stat(self.directory)  # a path through a file is an error, a missing directory a miss
             return None
         if create or not self.path.exists():
             self.directory.mkdir(parents=True, exist_ok=True)
+        self._snapshot = None
+        try:
+            conn = self._open()
+        except sqlite3.OperationalError as e:
+            if create or not ("readonly" in str(e) or "unable to open" in str(e)):
+                raise
+            self._snapshot = _stamp(self.path)
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.path))}?immutable=1", uri=True,
+                                   isolation_level=None, check_same_thread=False)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != STORE_SCHEMA:
+                conn.close()
+                raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads "
+                                    f"{STORE_SCHEMA}") from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -115,7 +141,6 @@ class LocalStore:
         except BaseException:
             conn.close()
             raise
-        self._conn, self._pid = conn, os.getpid()
         return conn
 
     def _create(self, conn: sqlite3.Connection) -> None:
@@ -289,6 +314,14 @@ class LocalStore:
                 return
             last = rows[-1][0]
             yield [(text, pid, trials) for _, text, pid, trials in rows]
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
 
 
 def _statements(script: str) -> Iterator[str]:
