@@ -11,8 +11,7 @@ or ``FARM`` (published by the farm or an import: never pruned by an application)
 count kept by triggers, so each put costs the same with ten records or a million. Writes are transactions (WAL
 journal, ``BEGIN IMMEDIATE``, a busy timeout), so readers in other processes see the old record or the new one.
 
-A directory in the previous format (``<sha256>.json`` records, ``trials/``, ``farm-index.json``) is migrated into
-the file the first time a process opens it, and its files are removed.
+A directory in the previous format (``<sha256>.json``, ``trials/``, ``farm-index.json``) is migrated once.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
-APP = 0
-FARM = 1
+APP, FARM = 0, 1  # row owners: an application's controller (its capacity and ttl apply), the farm (never pruned)
 _LEGACY_RECORD = re.compile(r"[0-9a-f]{64}\.json")
 _LEGACY_INDEX = "farm-index.json"
 _LEGACY_TRIALS = "trials"
@@ -75,18 +73,20 @@ class LocalStore:
     """The decisions of ``directory/farm-cache.sqlite3``.
 
     ``capacity`` and ``ttl`` (seconds) bound this owner's rows when it is ``APP`` (None: unbounded); ``FARM`` rows
-    are never pruned. Reads never create the file: a missing cache is a miss. ``get`` raises CorruptRecord for a
-    bad record or an unusable file; writes raise OSError when the file cannot be written.
+    are never pruned. Reads never create the file: a missing cache is a miss. ``timeout``: how long a write waits
+    for another process's transaction (default 5 s for an application, then the put fails with OSError and the
+    controller counts a cache warning; 60 s for the farm). ``get`` raises CorruptRecord for a bad record or an
+    unusable file; writes raise OSError when the file cannot be written.
     """
 
     def __init__(self, directory: Path | str, capacity: int | None = None, ttl: float | None = None, *,
-                 owner: int = APP, timeout: float = 30.0) -> None:
+                 owner: int = APP, timeout: float | None = None) -> None:
         self.directory = Path(directory)
         self.path = self.directory / STORE_FILE
         self.capacity = capacity
         self.ttl = ttl
         self.owner = owner
-        self.timeout = timeout
+        self.timeout = timeout if timeout is not None else 5.0 if owner == APP else 60.0  # lock wait, seconds
         self._conn: sqlite3.Connection | None = None
         self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
         self._pid = 0
@@ -317,11 +317,10 @@ class LocalStore:
 
 
 def _stamp(path: Path) -> tuple[int, int]:
-    try:
+    with contextlib.suppress(OSError):
         st = os.stat(path)
-    except OSError:
-        return (0, 0)
-    return (st.st_mtime_ns, st.st_size)
+        return (st.st_mtime_ns, st.st_size)
+    return (0, 0)
 
 
 def _statements(script: str) -> Iterator[str]:

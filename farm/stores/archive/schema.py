@@ -66,11 +66,8 @@ DECISION_COLUMNS: tuple[tuple[str, str, bool], ...] = (
 )
 DECISION_FIELDS = tuple(name for name, _, _ in DECISION_COLUMNS)
 _DECISION_GETTER = operator.itemgetter(*DECISION_FIELDS)
-# Every decision column except these two is derived from record_json and must agree with it.
-_FREE_COLUMNS = ("problem_id", "record_json")
-_CHECKED_GETTER = operator.itemgetter(*(name for name in DECISION_FIELDS if name not in _FREE_COLUMNS))
 
-# The trial row fields (farm_coordinator.aggregate.TRIAL_FIELDS, which the tests keep equal) with their types.
+# The trial row fields with their types: the one definition (farm_coordinator.aggregate imports TRIAL_FIELDS).
 TRIAL_TYPES: tuple[tuple[str, str], ...] = (
     ("run", "string"), ("problem_id", "string"), ("group", "string"), ("role", "string"), ("candidate", "string"),
     ("candidate_index", "int32"), ("verdict", "string"), ("note", "string"), ("pair", "int32"),
