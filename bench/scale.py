@@ -255,8 +255,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller sizes: a run of a few minutes")
     parser.add_argument("--sizes", help="embedded catalog sizes, comma-separated (default 1000,10000,100000)")
     parser.add_argument("--farm-sizes", help="farm catalog sizes with two workers (default 1000,10000; '' for none)")
-    parser.add_argument("--archive-decisions", type=int, help="decisions archived (default 100000)")
-    parser.add_argument("--cache-decisions", type=int, help="decisions in the local cache (default 1000000)")
+    parser.add_argument("--archive-decisions", type=int, help="decisions archived (default 100000; 0: skip)")
+    parser.add_argument("--cache-decisions", type=int, help="decisions in the local cache (default 1000000; 0: skip)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per catalog run")
     args = parser.parse_args()
 
@@ -267,16 +267,19 @@ def main() -> None:
     quick = args.quick
     embedded = sizes(args.sizes, "1000,10000" if quick else "1000,10000,100000")
     farm_sizes = sizes(args.farm_sizes, "1000" if quick else "1000,10000")
-    archived = args.archive_decisions or (20_000 if quick else 100_000)
-    cached = args.cache_decisions or (100_000 if quick else 1_000_000)
+    archived = args.archive_decisions if args.archive_decisions is not None else 20_000 if quick else 100_000
+    cached = args.cache_decisions if args.cache_decisions is not None else 100_000 if quick else 1_000_000
     print(f"scale benchmark on {os.cpu_count()} cores (shared machine: numbers are noisy)")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        for title, lines in (
-            ("(a, b) catalogs of trivial problems", lambda: farm_runs(embedded, farm_sizes, args.timeout, directory)),
-            (f"(c) archives of {archived:,} decisions", lambda: archive_runs(archived, directory)),
-            (f"(d) a local cache of {cached:,} decisions", lambda: cache_runs(cached, directory)),
+        for title, wanted, lines in (
+            ("(a, b) catalogs of trivial problems", embedded or farm_sizes,
+             lambda: farm_runs(embedded, farm_sizes, args.timeout, directory)),
+            (f"(c) archives of {archived:,} decisions", archived, lambda: archive_runs(archived, directory)),
+            (f"(d) a local cache of {cached:,} decisions", cached, lambda: cache_runs(cached, directory)),
         ):
+            if not wanted:
+                continue
             print(title, flush=True)
             for line in lines():
                 print(line, flush=True)
