@@ -1,7 +1,7 @@
 """Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
 
-``schema`` (files, columns, the row of a decision), ``writer`` (atomic folders), ``reader`` and ``checks`` (verifying, hostile-file
-safe, batched) and ``store`` (the runtime's read-only fleet tier). The fleet-side operations (export, import,
+``schema`` (files, columns, the row of a decision), ``writer`` (atomic folders), ``reader`` and ``checks``
+(verifying, hostile-file safe, batched) and ``store`` (the runtime's read-only fleet tier). The fleet-side operations (export, import,
 merge, diff) live in ``farm_coordinator.archive``. pyarrow is imported lazily.
 """
 
