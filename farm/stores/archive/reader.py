@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -320,23 +321,26 @@ def _attach_trials(archive: Archive, path: Path, pf: Any) -> None:
             i = pc.index(orphan, True).as_py()
             raise ArchiveError(f"{path}: row {at + i}: column 'key_sha256' = {keys[i].as_py()[:12]}… names no "
                                f"decision of the archive")
-        columns = [batch.column(i).to_pylist() for i in range(len(names))]
-        for i, values in enumerate(zip(*columns, strict=True)):
-            key = values[0]
-            row = dict(zip(TRIAL_FIELDS, values[1:extra_at], strict=True))
-            extra = values[extra_at]
-            if extra is not None:
+        keys_py = keys.to_pylist()
+        rows = [dict(zip(TRIAL_FIELDS, values, strict=True))
+                for values in zip(*(batch.column(i).to_pylist() for i in range(1, extra_at)), strict=True)]
+        extras = batch.column(extra_at)
+        if extras.null_count < len(extras):  # fields a newer farm added
+            for i, extra in enumerate(extras.to_pylist()):
+                if extra is None:
+                    continue
                 try:
                     more = json.loads(extra)
                 except ValueError as e:
                     raise ArchiveError(f"{path}: row {at + i}: column 'extra_json' is not JSON: {e}") from None
                 if not isinstance(more, dict) or set(more) & set(TRIAL_FIELDS):
                     raise ArchiveError(f"{path}: row {at + i}: column 'extra_json' must be an object of other fields")
-                row.update(more)
-            rows = grouped.get(key)
-            if rows is None:
-                rows = grouped[key] = []
-            rows.append(row)
+                rows[i].update(more)
+        start = 0
+        for key, run in itertools.groupby(keys_py):  # a decision's rows are contiguous (the writer's order)
+            count = sum(1 for _ in run)
+            grouped.setdefault(key, []).extend(rows[start : start + count])
+            start += count
     for key, rows in grouped.items():
         entry = archive.entries[key]
         archive.entries[key] = ArchiveEntry(entry.record, entry.problem_id, tuple(rows), entry.text)
