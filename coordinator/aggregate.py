@@ -10,6 +10,7 @@ from typing import Any
 from farm.environment import farm_version
 from farm.policy import StackPolicy
 from farm.scoring import Standing, judge
+from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, decide
 from farm_coordinator.plan import Problem
@@ -103,10 +104,7 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds, worker_of.get(winner))
 
 
-TRIAL_FIELDS = (
-    "run", "problem_id", "group", "role", "candidate", "candidate_index", "verdict", "note", "pair",
-    "reference_seconds", "candidate_seconds", "max_abs_error", "max_rel_error", "host", "device", "worker", "attempt",
-)
+TRIAL_FIELDS = ARCHIVE_TRIAL_FIELDS  # the trial row's fields: defined once, with their types, by the archive schema
 
 
 def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> list[dict[str, Any]]:

@@ -1,20 +1,18 @@
-"""Where decisions go: Redis (the fleet) or a local cache directory (the embedded farm, read by the runtime).
+"""Where decisions go: Redis (the fleet) or a local cache (the embedded farm, read by the runtime).
 
-Both apply the same replacement rule (``farm.stores.base.replaces``; in Redis by the server-side function)
-and remember which problem ids are decided, so a re-run skips them unless forced.
+Both publish through their store's one publication function (``RedisDecisions.publish_many``: the server-side
+``farm_publish``; ``LocalStore.publish_many``: one SQLite transaction), which applies the replacement rule
+(``farm.stores.base.replaces``) and remembers which problem ids are decided, so a re-run skips them unless forced.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from farm.atomicfile import write_atomic
-from farm.environment import fingerprint_digest
-from farm.stores.base import CorruptRecord, DecisionRecord, replaces
-from farm.stores.disk import DiskStore
-from farm.stores.redis import RedisDecisions, field_for
+from farm.stores.base import DecisionRecord
+from farm.stores.local import FARM, LocalStore
+from farm.stores.redis import RedisDecisions
 
 
 class Sink(Protocol):
@@ -38,46 +36,18 @@ class RedisSink:
         return self.decisions.decided(digest, problem_ids)
 
 
-INDEX = "farm-index.json"
-TRIALS = "trials"
-
-
 class DirectorySink:
-    """Decision records in the disk tier's format (``StackTuner(cache_directory=...)`` reads them), an index
-    of decided problems and fingerprints in ``farm-index.json``, and the trial rows behind each decision in
-    ``trials/<sha256 of key>.json``. One writer at a time (the embedded farm)."""
+    """Publication into the local cache of ``directory`` (``farm.stores.local``: the file
+    ``StackTuner(cache_directory=...)`` reads), as the farm: the record, its trial rows and the problem index in
+    one transaction per decision; an application's capacity never prunes these records."""
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
-        self.store = DiskStore(self.directory, capacity=65536)
-        self.index_path = self.directory / INDEX
-        self._index = self._load_index()
-
-    def _load_index(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.index_path.read_text())
-            if isinstance(data, dict) and data.get("schema") == 1:
-                return data
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        return {"schema": 1, "fingerprints": {}, "problems": {}}
+        self.store = LocalStore(self.directory, owner=FARM)
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
                 trials: list[dict[str, Any]]) -> tuple[bool, str]:
-        try:
-            old = self.store.get(record.cache_key)
-        except CorruptRecord:
-            old = None
-        if not replaces(record, old):
-            return False, "kept: the stored record wins under the replacement rule"
-        self.store.put(record)
-        write_atomic(self.directory / TRIALS / f"{field_for(record.cache_key)}.json", json.dumps(trials).encode())
-        digest = fingerprint_digest(fingerprint)
-        self._index["fingerprints"][digest] = fingerprint
-        self._index["problems"].setdefault(digest, {})[problem_id] = field_for(record.cache_key)
-        write_atomic(self.index_path, json.dumps(self._index, sort_keys=True, indent=1).encode())
-        return True, "new" if old is None else "replaced"
+        return self.store.publish(record, fingerprint, problem_id, trials)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
-        known = self._index["problems"].get(digest, {})
-        return {pid for pid in problem_ids if pid in known}
+        return self.store.decided(digest, problem_ids)

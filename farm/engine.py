@@ -30,7 +30,7 @@ from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
 from farm.scoring import valid_seconds
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 from farm.trials import (
     CandidateReport,
@@ -179,7 +179,7 @@ class StackTuner:
         self._policy = policy
         self._lock = threading.Lock()
         self._memory = MemoryStore(policy.capacity, memory_eviction)
-        self._disk = DiskStore(cache_directory, policy.capacity) if cache_directory is not None else None
+        self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._write_through = fleet_write_through
         self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()

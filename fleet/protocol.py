@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from farm.identity import fields
+from farm.stores.base import canonical_json
 from farm.trials import Outcome
 
 PROTOCOL_VERSION = 1
 GROUP_TASK = "farm.run_groups"
 PING_TASK = "farm.ping"
 REFERENCE_GROUP = "reference"
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def problem_id(fingerprint_digest: str, operation: str, device_kind: str, checksum: str, spec: dict[str, Any], accuracy: str) -> str:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import os
+import re
+import stat
 import subprocess
 import sys
 import time
@@ -21,7 +25,7 @@ from farm.environment import fingerprint_digest, runtime_environment
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
 from farm.stores import archive as arc
 from farm.stores.base import DecisionRecord
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 from farm.stores.redis import RedisDecisions, field_for
 from farm_coordinator import archive as ops
 from farm_coordinator.aggregate import TRIAL_FIELDS
@@ -111,6 +115,15 @@ def tree(directory: Path) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def cache_state(cache: Path) -> list[tuple[object, ...]]:
+    """Every row of a local cache (records, problem ids, trial rows) and its fingerprints."""
+    local = LocalStore(cache)
+    state = sorted(row for batch in local.scan() for row in batch)
+    fingerprints = sorted(local.fingerprints().items())
+    local.close()
+    return [*state, *fingerprints]
+
+
 def reseal(folder: Path) -> None:
     """Recompute the manifest's checksums, byte and row counts after a hand edit (so deeper checks are reached)."""
     manifest = json.loads((folder / arc.MANIFEST_FILE).read_text())
@@ -176,14 +189,15 @@ def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
-def test_trial_fields_a_newer_farm_adds_survive_and_exact_duplicate_rows_are_read_once(tmp_path):
+def test_trial_fields_a_newer_farm_adds_survive_and_a_repeated_key_is_refused(tmp_path):
     e = entry(key_for(FP_A, "n=1"))
     rows = tuple({**t, "pid": 4242, "key_sha256": e.key_sha256} for t in e.trials)
     folder = hand_archive(tmp_path, FP_A, [arc.ArchiveEntry(e.record, e.problem_id, rows)])
     (read,) = arc.read_archive(folder).entries.values()
     assert read.trials == tuple({k: v for k, v in t.items() if k != "key_sha256"} for t in rows)
     edit_rows(folder, arc.DECISIONS_FILE, lambda decisions: decisions + decisions)
-    assert list(arc.read_archive(folder).entries.values()) == [read]
+    with pytest.raises(arc.ArchiveError, match="row 1 .*duplicate key: refused"):
+        arc.read_archive(folder)
 
 
 def test_rewriting_an_archive_replaces_it_whole_and_a_refused_write_leaves_the_old_one(tmp_path):
@@ -227,11 +241,10 @@ def test_redis_to_archive_to_a_fresh_cache_directory_gives_the_decisions_the_run
     cache = tmp_path / "cache"
     result = ops.import_cache(archives, cache, FP_A)
     assert result[0].new == 3
-    disk = DiskStore(cache, capacity=100)
+    local = LocalStore(cache, capacity=100)
     for r in records[:3]:
-        assert disk.get(r.cache_key) == r
-        rows = json.loads((cache / "trials" / f"{field_for(r.cache_key)}.json").read_text())
-        assert rows == store.trials(fingerprint_digest(FP_A), r.cache_key)
+        assert local.get(r.cache_key) == r
+        assert local.trials(r.cache_key) == store.trials(fingerprint_digest(FP_A), r.cache_key)
     sink = DirectorySink(cache)
     pids = [str(r.meta["problem_id"]) for r in records[:3]]
     assert sink.decided(fingerprint_digest(FP_A), pids) == set(pids[:2])  # the third was published without one
@@ -244,12 +257,12 @@ def test_redis_to_archive_to_a_fresh_cache_directory_gives_the_decisions_the_run
 def test_importing_into_a_cache_directory_applies_the_replacement_rule_to_what_is_there(tmp_path):
     key = key_for(FP_A, "n=1")
     cache = tmp_path / "cache"
-    DiskStore(cache, 100).put(make_record(key, verified=True, created=50.0, winner=2))
+    LocalStore(cache, 100).put(make_record(key, verified=True, created=50.0, winner=2))
     folder = hand_archive(tmp_path / "a", FP_A, [entry(key, verified=False, created=99.0),
                                                   entry(key_for(FP_A, "n=2"))])
     result = ops.import_cache([arc.read_archive(folder)], cache, FP_A)
     assert (result[0].new, result[0].replaced, result[0].kept) == (1, 0, 1)
-    assert DiskStore(cache, 100).get(key).name == "other"
+    assert LocalStore(cache, 100).get(key).name == "other"
 
 
 # -- the runtime's fleet tier -----------------------------------------------------------------------------------
@@ -421,6 +434,88 @@ def test_a_corrupt_archive_is_a_cache_warning_for_the_runtime_never_an_error(tmp
     assert tuner.stats().cache_warnings == 1
 
 
+# -- hostile archives: refused at once, never followed, never a hang ---------------------------------------------
+
+
+def _symlink_to_dev_zero(folder: Path) -> None:
+    (folder / arc.DECISIONS_FILE).unlink()
+    os.symlink("/dev/zero", folder / arc.DECISIONS_FILE)
+
+
+def _fifo(name: str):
+    def make(folder: Path) -> None:
+        (folder / name).unlink()
+        os.mkfifo(folder / name)
+    return make
+
+
+def _copies_of_one_row(folder: Path) -> None:
+    table = pq.read_table(folder / arc.DECISIONS_FILE)
+    pq.write_table(table.take([0] * 20000), folder / arc.DECISIONS_FILE, compression="zstd", row_group_size=1024)
+    reseal(folder)
+
+
+def _one_huge_row_group(folder: Path) -> None:
+    table = pq.read_table(folder / arc.DECISIONS_FILE)
+    pq.write_table(table.take([0] * 70000), folder / arc.DECISIONS_FILE, compression="zstd", row_group_size=70000)
+    reseal(folder)
+
+
+HOSTILE = {
+    "decisions.parquet is a symlink to /dev/zero": (
+        _symlink_to_dev_zero, "decisions.parquet: a symbolic link, not a regular file: refused"),
+    "decisions.parquet is a FIFO": (_fifo(arc.DECISIONS_FILE), "decisions.parquet: a FIFO, not a regular file"),
+    "manifest.json is a FIFO": (_fifo(arc.MANIFEST_FILE), "manifest.json: a FIFO, not a regular file"),
+    "20,000 copies of one row": (_copies_of_one_row, "decisions.parquet: row 1 .*duplicate key: refused"),
+    "one row group of 70,000 rows": (_one_huge_row_group, "row group 0 holds 70000 rows"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_archive_is_a_one_line_refusal_for_the_cli_and_a_warning_and_miss_for_an_application(
+        case, tmp_path, caplog):
+    make_hostile, message = HOSTILE[case]
+    key = key_for(FP_A, "n=1")
+    folder = hand_archive(tmp_path / "in", FP_A, [entry(key, created=time.time() - 60), entry(key_for(FP_A, "n=2"))])
+    make_hostile(folder)
+    for command in ("inspect", "import"):
+        args = [command, str(folder)] + (["--into-cache", str(tmp_path / "cache")] if command == "import" else [])
+        done = farm_cli(*args, cwd=tmp_path)  # (a hang would exceed farm_cli's timeout)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and re.search(message, done.stderr), done.stderr
+    assert not (tmp_path / "cache").exists()
+
+    from fakes import FakeRunner
+
+    with caplog.at_level(logging.WARNING):
+        tuner = farm.StackTuner(farm.StackPolicy(mode=farm.Mode.CACHE_ONLY), fleet=[arc.ArchiveStore(tmp_path / "in")])
+        problem = Problem(Scope.OPERATOR, "scale", FP_A, "n=1", persistent=True)
+        decision = tuner.select(problem, [Candidate(n) for n in NAMES], 0, FakeRunner())
+    assert decision.source is farm.DecisionSource.CACHE_MISS
+    assert re.search(message, caplog.text)
+
+
+def test_archives_and_a_new_cache_follow_the_umask_and_an_existing_cache_keeps_its_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        folder = hand_archive(tmp_path / "out", FP_A, [entry(key_for(FP_A, "n=1"))])
+        ops.import_cache([arc.read_archive(folder)], tmp_path / "new-cache", FP_A)
+        shared = tmp_path / "shared-cache"
+        shared.mkdir(mode=0o750)
+        os.chmod(shared, 0o750)
+        ops.import_cache([arc.read_archive(folder)], shared, FP_A)
+    finally:
+        os.umask(old)
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(folder) == 0o755 and {mode(p) for p in folder.iterdir()} == {0o644}
+    assert mode(tmp_path / "new-cache") == 0o755
+    assert {mode(p) for p in (tmp_path / "new-cache").iterdir()} == {0o644}
+    assert mode(shared) == 0o750
+
+
 # -- refusals: nothing imported ---------------------------------------------------------------------------------
 
 
@@ -513,7 +608,7 @@ CORRUPTIONS = {
     "wrong fingerprint in the manifest": (lambda f: edit_manifest(f, lambda m: m.update(fingerprint=FP_B)),
                                           "field 'digest' .* is not the digest of field 'fingerprint'"),
     "a record of another fingerprint": (_foreign_record, "column 'environment': the key's fingerprint"),
-    "duplicate keys with conflicting rows": (_duplicate_conflicting, "row 2 .*duplicate key with a conflicting row"),
+    "duplicate keys with conflicting rows": (_duplicate_conflicting, "row 2 .*(duplicate key|keys out of order)"),
     "ratio <= 0": (_set_column("ratio", 0.0), "column 'ratio' = 0.0 is out of range"),
     "ratio NaN": (_set_column("ratio", math.nan), "column 'ratio' = nan is out of range"),
     "negative index": (_set_column("winner_index", -1), "column 'winner_index' = -1 is out of range"),
@@ -537,14 +632,14 @@ def test_a_corrupt_archive_is_refused_with_nothing_imported_into_redis_or_a_cach
     publish_fleet(store)  # what Redis holds already must stay exactly as it is
     before = redis_state(redis_db)
     cache = tmp_path / "cache"
-    DiskStore(cache, 100).put(make_record(key_for(FP_A, "n=5")))
-    cache_before = tree(cache)
+    LocalStore(cache, 100).put(make_record(key_for(FP_A, "n=5")))
+    cache_before = cache_state(cache)
     with pytest.raises(arc.ArchiveError, match=message):
         ops.import_redis(ops.load_archives(tmp_path / "in"), store)
     with pytest.raises(arc.ArchiveError, match=message):
         ops.import_cache(ops.load_archives(tmp_path / "in"), cache, FP_A, force=True)
     assert redis_state(redis_db) == before
-    assert tree(cache) == cache_before
+    assert cache_state(cache) == cache_before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "in"]  # no staging folder left
 
 

@@ -12,6 +12,7 @@ from servers import farm_env
 
 import farm
 from farm.stores.base import DecisionRecord
+from farm.stores.local import LocalStore
 from farm_coordinator.aggregate import META_FIELDS
 from farm_coordinator.catalog import load_catalog
 
@@ -34,8 +35,7 @@ def test_the_embedded_farm_writes_decisions_the_runtime_reuses(tmp_path):
     assert "2 decisions published" in done.stdout
     assert "farmtest_scale" in done.stdout and "vectorized" in done.stdout
 
-    records = [DecisionRecord.from_dict(json.loads(p.read_text())) for p in (tmp_path / "cache").glob("*.json")
-               if p.name != "farm-index.json"]
+    records = [DecisionRecord.from_json(text) for batch in LocalStore(tmp_path / "cache").scan() for text, _, _ in batch]
     assert len(records) == 2
     assert all(set(r.meta) == set(META_FIELDS) for r in records)
 

@@ -12,6 +12,7 @@ from servers import farm_env
 
 from farm.stores.archive import ArchiveEntry, write_archive
 from farm.stores.base import DecisionRecord
+from farm.stores.local import LocalStore
 from farm.stores.redis import field_for
 
 CATALOG = """
@@ -28,15 +29,14 @@ def archive_from_embedded_run(tmp_path):
                            "--cache-dir", str(cache), "--kernels", "farm_testops"],
                           capture_output=True, text=True, env=farm_env(), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
-    index = json.loads((cache / "farm-index.json").read_text())
-    (fingerprint,) = index["fingerprints"].values()
-    (problems,) = index["problems"].values()
+    store = LocalStore(cache)
+    (fingerprint,) = store.fingerprints().values()
     entries = []
-    for pid, field in problems.items():
-        record = DecisionRecord.from_json((cache / f"{field}.json").read_text())
-        trials = json.loads((cache / "trials" / f"{field}.json").read_text())
-        assert field_for(record.cache_key) == field
-        entries.append(ArchiveEntry(record, pid, tuple({**t, "key_sha256": field} for t in trials)))
+    for batch in store.scan():
+        for text, pid, trials in batch:
+            record = DecisionRecord.from_json(text)
+            field = field_for(record.cache_key)
+            entries.append(ArchiveEntry(record, pid, tuple({**t, "key_sha256": field} for t in json.loads(trials))))
     return write_archive(tmp_path / "archive", fingerprint, entries).path
 
 

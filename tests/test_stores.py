@@ -3,8 +3,11 @@ miss with a warning, capacity pruning, and several processes sharing one directo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -16,10 +19,12 @@ import pytest
 from fakes import FAST, FakeRunner, candidates, problem
 
 from farm.engine import DecisionSource, StackTuner, Validation
+from farm.environment import fingerprint_digest
 from farm.errors import FailureKind, TuneFailure
 from farm.policy import MemoryEviction, Mode
-from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum
-from farm.stores.disk import DiskStore
+from farm.stores import local as local_module
+from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum, key_hash, key_sha256
+from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
 from farm.stores.memory import MemoryStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,11 +44,11 @@ def record(key: str = "k", **changes: Any) -> DecisionRecord:
 # -- the store contract, for every implementation ---------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "disk"])
+@pytest.fixture(params=["memory", "local"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "memory":
         return MemoryStore(16)
-    return DiskStore(tmp_path / "cache", 16)
+    return LocalStore(tmp_path / "cache", 16)
 
 
 def test_a_store_returns_none_for_an_unknown_key(store: Any) -> None:
@@ -136,68 +141,167 @@ def test_a_record_is_fresh_within_its_ttl_and_never_when_future_dated(created: f
     assert record(created=created).is_fresh(now, 60.0) is fresh
 
 
-# -- the disk store ------------------------------------------------------------------------------------------
+# -- the local store (one SQLite file) --------------------------------------------------------------------------
 
 
-def test_the_disk_store_names_files_by_key_hash_and_stores_the_full_key(tmp_path: Path) -> None:
-    disk = DiskStore(tmp_path, 8)
-    disk.put(record("a full key"))
-    (path,) = tmp_path.glob("*.json")
-    assert path == disk.path("a full key")
-    assert json.loads(path.read_text())["cache_key"] == "a full key"
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+def stored_text(directory: Path, key: str) -> str:
+    with contextlib.closing(sqlite3.connect(directory / STORE_FILE)) as db:
+        (text,) = db.execute("SELECT record FROM decisions WHERE key = ?", (key_hash(key),)).fetchone()
+    return str(text)
 
 
-FILE_DAMAGE: list[tuple[str, Callable[[Path], None]]] = [
-    ("corrupt JSON", lambda p: p.write_bytes(b"{not json")),
-    ("truncated file", lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2])),
-    ("empty file", lambda p: p.write_bytes(b"")),
-    ("not UTF-8", lambda p: p.write_bytes(b"\xff\xfe\x00\x81")),
-    ("bad checksum", lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "ratio": 0.125}))),
-    ("wrong schema version", lambda p: p.write_text(json.dumps(retyped(schema=99)(json.loads(p.read_text()))))),
-    ("mismatched stored key", lambda p: p.write_text(json.dumps(retyped(cache_key="another")(json.loads(p.read_text()))))),
+def damage_row(directory: Path, key: str, damage: Callable[[str], str | bytes]) -> None:
+    """Replace the stored text of ``key`` by ``damage(text)``, as a crashed or hostile writer could."""
+    text = damage(stored_text(directory, key))
+    with contextlib.closing(sqlite3.connect(directory / STORE_FILE)) as db, db:
+        db.execute("UPDATE decisions SET record = ? WHERE key = ?", (text, key_hash(key)))
+
+
+def test_the_local_store_keeps_one_file_with_the_full_key(tmp_path: Path) -> None:
+    local = LocalStore(tmp_path, 8)
+    local.put(record("a full key"))
+    assert json.loads(stored_text(tmp_path, "a full key"))["cache_key"] == "a full key"
+    assert {p.name for p in tmp_path.iterdir()} <= {STORE_FILE, f"{STORE_FILE}-wal", f"{STORE_FILE}-shm"}
+
+
+def rewritten(**changes: Any) -> Callable[[str], str]:
+    return lambda text: json.dumps(retyped(**changes)(json.loads(text)))
+
+
+ROW_DAMAGE: list[tuple[str, Callable[[str], str | bytes]]] = [
+    ("corrupt JSON", lambda t: "{not json"),
+    ("truncated text", lambda t: t[: len(t) // 2]),
+    ("empty text", lambda t: ""),
+    ("not UTF-8", lambda t: b"\xff\xfe\x00\x81"),
+    ("bad checksum", lambda t: json.dumps({**json.loads(t), "ratio": 0.125})),
+    ("wrong schema version", rewritten(schema=99)),
+    ("mismatched stored key", rewritten(cache_key="another")),
 ]
 
 
-@pytest.mark.parametrize(("case", "damage"), FILE_DAMAGE, ids=[d[0] for d in FILE_DAMAGE])
-def test_the_disk_store_reports_a_damaged_file_as_corrupt(case: str, damage: Callable[[Path], None], tmp_path: Path) -> None:
-    disk = DiskStore(tmp_path, 8)
-    disk.put(record("k"))
-    damage(disk.path("k"))
+@pytest.mark.parametrize(("case", "damage"), ROW_DAMAGE, ids=[d[0] for d in ROW_DAMAGE])
+def test_the_local_store_reports_a_damaged_record_as_corrupt(case: str, damage: Callable[[str], Any], tmp_path: Path) -> None:
+    local = LocalStore(tmp_path, 8)
+    local.put(record("k"))
+    damage_row(tmp_path, "k", damage)
     with pytest.raises(CorruptRecord):
-        disk.get("k")
+        local.get("k")
 
 
-def test_the_disk_store_prunes_the_oldest_files_beyond_capacity(tmp_path: Path) -> None:
-    disk = DiskStore(tmp_path, 3)
-    past = time.time() - 1000
+def test_the_local_store_prunes_its_oldest_writes_beyond_capacity(tmp_path: Path) -> None:
+    local = LocalStore(tmp_path, 3)
     for n in range(5):
-        disk.put(record(f"k{n}"))
-        os.utime(disk.path(f"k{n}"), (past + n, past + n))
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(disk.path(f"k{n}").name for n in (2, 3, 4))
-    assert [disk.get(f"k{n}") is not None for n in range(5)] == [False, False, True, True, True]
+        local.put(record(f"k{n}"))
+    local.put(record("k2", name="again"))  # a rewrite counts as the newest write
+    assert [local.get(f"k{n}") is not None for n in range(5)] == [False, False, True, True, True]
+    assert len(local) == 3
+    LocalStore(tmp_path, 3).put(record("k5"))
+    assert [local.get(f"k{n}") is not None for n in range(6)] == [False, False, True, False, True, True]
 
 
-def test_a_failed_write_keeps_the_old_record_and_leaves_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    disk = DiskStore(tmp_path, 8)
-    disk.put(record("k", name="old"))
+def test_the_local_store_drops_its_expired_records_but_never_a_future_dated_one(tmp_path: Path) -> None:
+    local = LocalStore(tmp_path, 8, ttl=60.0)
+    local.put(record("old", created=time.time() - 3600))
+    local.put(record("future", created=time.time() + 3600))
+    local.put(record("new"))
+    assert [local.get(k) is not None for k in ("old", "future", "new")] == [False, True, True]
 
-    def no_rename(src: str, dst: str) -> None:
+
+def test_an_application_with_capacity_3_keeps_every_record_the_farm_published(tmp_path: Path) -> None:
+    farm_side = LocalStore(tmp_path, owner=FARM)
+    farm_keys = [f"farm-{n}" for n in range(20)]
+    for n, key in enumerate(farm_keys):
+        assert farm_side.publish(record(key, created=time.time() - 30 * 86400), "fp", f"pid-{n}") == (True, "new")
+    app = LocalStore(tmp_path, 3, ttl=60.0)
+    for n in range(6):
+        app.put(record(f"app-{n}"))
+    assert all(app.get(k) is not None for k in farm_keys)  # expired for the application, yet kept
+    assert [app.get(f"app-{n}") is not None for n in range(6)] == [False, False, False, True, True, True]
+    assert (app.count(FARM), app.count(APP)) == (20, 3)
+    assert farm_side.decided(fingerprint_digest("fp"), [f"pid-{n}" for n in range(25)]) == {f"pid-{n}" for n in range(20)}
+
+
+def test_a_failed_write_keeps_the_old_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    local = LocalStore(tmp_path, 8)
+    local.put(record("k", name="old"))
+    real = local_module._replace
+
+    def half_then_fail(conn: Any, *args: Any) -> None:
+        real(conn, *args)
         raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", no_rename)
+    monkeypatch.setattr(local_module, "_replace", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        disk.put(record("k", name="new", index=2))
+        local.put(record("k", name="new", index=2))
     monkeypatch.undo()
-    assert disk.get("k").name == "old"
-    assert [p.name for p in tmp_path.iterdir()] == [disk.path("k").name]
+    assert local.get("k").name == "old"
+    assert len(local) == 1
+
+
+def test_the_local_store_follows_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        LocalStore(tmp_path / "a" / "cache", 8).put(record("k"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a" / "cache").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "a" / "cache" / STORE_FILE).stat().st_mode) == 0o644
+
+
+def legacy_directory(directory: Path, now: float) -> tuple[list[str], list[str]]:
+    """A cache directory of the previous format: 3 farm records (index, trials) and 2 of an application."""
+    (directory / "trials").mkdir(parents=True)
+    farm_keys, app_keys = [f"farm-{n}" for n in range(3)], [f"app-{n}" for n in range(2)]
+    index: dict[str, Any] = {"schema": 1, "fingerprints": {"d1": "fp"}, "problems": {"d1": {}}}
+    for n, key in enumerate(farm_keys + app_keys):
+        sha = key_sha256(key)
+        (directory / f"{sha}.json").write_text(record(key, created=now).to_json())
+        if key in farm_keys:
+            index["problems"]["d1"][f"pid-{n}"] = sha
+            (directory / "trials" / f"{sha}.json").write_text(json.dumps([{"pair": n}]))
+    (directory / "farm-index.json").write_text(json.dumps(index))
+    return farm_keys, app_keys
+
+
+def test_a_cache_directory_of_the_previous_format_is_migrated_once(tmp_path: Path) -> None:
+    farm_keys, app_keys = legacy_directory(tmp_path, time.time())
+    app = LocalStore(tmp_path, 1)
+    assert all(app.get(k) is not None for k in farm_keys + app_keys)
+    assert (app.count(FARM), app.count(APP)) == (3, 2)
+    assert app.trials("farm-1") == [{"pair": 1}]
+    assert app.decided("d1", ["pid-0", "pid-4"]) == {"pid-0"}
+    assert {p.name for p in tmp_path.iterdir()} <= {STORE_FILE, f"{STORE_FILE}-wal", f"{STORE_FILE}-shm"}
+    app.put(record("app-new"))
+    assert app.count(FARM) == 3 and [app.get(k) is not None for k in app_keys] == [False, False]
+
+
+def test_a_reader_that_may_not_write_the_cache_reads_a_view_that_follows_the_writers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = LocalStore(tmp_path, 8)
+    writer.put(record("k", name="first"))
+    writer.close()  # the last connection closes: SQLite removes the WAL files another user would need
+
+    def read_only(self: LocalStore) -> Any:
+        raise sqlite3.OperationalError("attempt to write a readonly database")  # as for another user, 0755
+
+    monkeypatch.setattr(LocalStore, "_open", read_only)
+    reader = LocalStore(tmp_path, 8)
+    assert reader.get("k").name == "first"
+    monkeypatch.undo()
+    writer.put(record("k", name="second", index=2))
+    writer.put(record("other"))
+    writer.close()
+    monkeypatch.setattr(LocalStore, "_open", read_only)
+    assert reader.get("k").name == "second" and reader.get("other") is not None
+    with pytest.raises(OSError):
+        reader.put(record("mine"))
 
 
 WRITER = """
 import sys, time
 from pathlib import Path
 from farm.stores.base import CorruptRecord, DecisionRecord
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 
 directory, who, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 deadline = time.monotonic() + 30
@@ -205,7 +309,7 @@ while not go.exists():
     if time.monotonic() > deadline:
         sys.exit(3)
     time.sleep(0.001)
-store = DiskStore(directory, 12)
+store = LocalStore(directory, 12)
 for i in range(80):
     key = f"key-{i % 20}"
     store.put(DecisionRecord(key, i % 3, 0, f"{who}-{i}", True, 0.5, time.time()))
@@ -217,7 +321,7 @@ for i in range(80):
 """
 
 
-def test_two_processes_writing_one_directory_at_once_leave_only_valid_records(tmp_path: Path) -> None:
+def test_two_processes_writing_one_cache_at_once_leave_only_valid_records(tmp_path: Path) -> None:
     directory = tmp_path / "shared"
     go = tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -231,15 +335,10 @@ def test_two_processes_writing_one_directory_at_once_leave_only_valid_records(tm
     go.touch()
     outputs = [w.communicate(timeout=120)[0] for w in writers]
     assert [w.returncode for w in writers] == [0, 0], outputs
-    files = list(directory.iterdir())
-    assert files and all(f.suffix == ".json" for f in files)  # no temporary files left
-    assert len(files) <= 12
-    disk = DiskStore(directory, 12)
-    for f in files:
-        data = json.loads(f.read_bytes())
-        loaded = disk.get(data["cache_key"])
-        assert loaded is not None and disk.path(loaded.cache_key) == f
-        assert loaded.name.split("-")[0] in ("left", "right")
+    local = LocalStore(directory, 12)
+    found = [local.get(f"key-{n}") for n in range(20)]
+    assert len(local) == 12 == sum(r is not None for r in found)
+    assert all(r.name.split("-")[0] in ("left", "right") for r in found if r is not None)
 
 
 # -- the controller's disk tier --------------------------------------------------------------------------------
@@ -260,7 +359,7 @@ def tuned(cache: Path, **policy: Any) -> tuple[StackTuner, str]:
 
 def test_a_persistent_problem_writes_its_record_to_disk(cache: Path) -> None:
     _, key = tuned(cache)
-    stored = DiskStore(cache, 8).get(key)
+    stored = LocalStore(cache).get(key)
     assert stored is not None
     assert (stored.index, stored.reference_index, stored.name, stored.verified, stored.ratio) == (1, 0, "a", True, 0.5)
 
@@ -309,7 +408,7 @@ def test_a_failed_validation_deletes_the_disk_record(cache: Path, failure: Any) 
     offline = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=cache)
     decision = offline.select(PERSISTENT, C, 0, FakeRunner(verdicts={1: failure}))
     assert (decision.index, decision.source) == (0, DecisionSource.CACHE_MISS)
-    assert not DiskStore(cache, 8).path(key).exists()
+    assert LocalStore(cache).get(key) is None
     assert offline.stats().cache_warnings == 1
 
 
@@ -327,35 +426,37 @@ def test_a_device_failure_while_validating_a_stored_record_quarantines_and_keeps
         fresh.select(PERSISTENT, C, 0, FakeRunner(verdicts={1: TuneFailure.device("lost")}))
     assert info.value.kind is FailureKind.DEVICE
     assert fresh.quarantined() == {PERSISTENT.environment}
-    assert DiskStore(cache, 8).path(key).exists()
+    assert LocalStore(cache).get(key) is not None
 
 
-def rewrite(path: Path, **changes: Any) -> None:
-    path.write_text(json.dumps(retyped(**changes)(json.loads(path.read_text()))))
+def not_a_database(directory: Path) -> None:
+    (directory / STORE_FILE).write_bytes(b"garbage " * 1000)
+    for suffix in ("-wal", "-shm"):
+        (directory / f"{STORE_FILE}{suffix}").unlink(missing_ok=True)
 
 
-def replace_with_directory(path: Path) -> None:
-    path.unlink()
-    path.mkdir()
+def row(damage: Callable[[str], Any]) -> Callable[[Path, str], None]:
+    return lambda directory, key: damage_row(directory, key, damage)
 
 
-STALE: list[tuple[str, Callable[[Path], None]]] = [
-    *FILE_DAMAGE,
-    ("expired", lambda p: rewrite(p, created=time.time() - FAST.ttl - 100)),
-    ("future-dated", lambda p: rewrite(p, created=time.time() + 3600)),
-    ("another reference index", lambda p: rewrite(p, reference_index=1)),
-    ("winner index out of range", lambda p: rewrite(p, index=7)),
-    ("winner name differs", lambda p: rewrite(p, name="zzz")),
-    ("a directory in its place", replace_with_directory),
+STALE: list[tuple[str, Callable[[Path, str], None]]] = [
+    *((case, row(damage)) for case, damage in ROW_DAMAGE),
+    ("expired", row(rewritten(created=time.time() - FAST.ttl - 100))),
+    ("future-dated", row(rewritten(created=time.time() + 3600))),
+    ("another reference index", row(rewritten(reference_index=1))),
+    ("winner index out of range", row(rewritten(index=7))),
+    ("winner name differs", row(rewritten(name="zzz"))),
+    ("the cache file is not a database", lambda directory, key: not_a_database(directory)),
 ]
 
 
 @pytest.mark.parametrize(("case", "damage"), STALE, ids=[s[0] for s in STALE])
 def test_a_corrupt_or_stale_disk_record_is_a_miss_with_a_cache_warning_never_a_crash(
-    case: str, damage: Callable[[Path], None], cache: Path
+    case: str, damage: Callable[[Path, str], None], cache: Path
 ) -> None:
-    _, key = tuned(cache)
-    damage(DiskStore(cache, 8).path(key))
+    tuner, key = tuned(cache)
+    tuner._disk.close()  # type: ignore[union-attr]
+    damage(cache, key)
     fresh = StackTuner(FAST, cache_directory=cache)
     runner = FakeRunner({1: 0.5, 2: 0.8})
     decision = fresh.select(PERSISTENT, C, 0, runner)
@@ -367,15 +468,15 @@ def test_a_corrupt_or_stale_disk_record_is_a_miss_with_a_cache_warning_never_a_c
 
 def test_a_search_replaces_a_corrupt_record_with_a_valid_one(cache: Path) -> None:
     _, key = tuned(cache)
-    DiskStore(cache, 8).path(key).write_bytes(b"garbage")
+    damage_row(cache, key, lambda t: "garbage")
     StackTuner(FAST, cache_directory=cache).select(PERSISTENT, C, 0, FakeRunner({1: 0.5}))
-    stored = DiskStore(cache, 8).get(key)
+    stored = LocalStore(cache).get(key)
     assert stored is not None and stored.name == "a"
 
 
 def test_an_unverified_stored_record_is_not_reused_when_validation_is_required(cache: Path) -> None:
     _, key = tuned(cache)
-    rewrite(DiskStore(cache, 8).path(key), verified=False)
+    damage_row(cache, key, rewritten(verified=False))
     runner = FakeRunner({1: 0.5})
     decision = StackTuner(FAST, cache_directory=cache).select(PERSISTENT, C, 0, runner)
     assert decision.source is DecisionSource.TUNED
@@ -385,8 +486,8 @@ def test_a_banned_winner_on_disk_is_not_reused(cache: Path) -> None:
     tuner, key = tuned(cache)
     decision = tuner.select(PERSISTENT, C, 0, FakeRunner())
     tuner.invalidate(decision, True)
-    assert not DiskStore(cache, 8).path(key).exists()  # invalidation deletes the disk record too
-    DiskStore(cache, 8).put(record(key))  # another process stores the same winner again
+    assert LocalStore(cache).get(key) is None  # invalidation deletes the disk record too
+    LocalStore(cache).put(record(key))  # another process stores the same winner again
     runner = FakeRunner({1: 0.5, 2: 0.8})
     again = tuner.select(PERSISTENT, C, 0, runner)
     assert (again.name, again.source) == ("b", DecisionSource.TUNED)
@@ -397,7 +498,7 @@ def test_the_disk_tier_prunes_to_the_policy_capacity(cache: Path) -> None:
     tuner = StackTuner(FAST.replace(capacity=2), cache_directory=cache)
     for n in range(4):
         tuner.select(problem(workload=f"w{n}", persistent=True), C[:2], 0, FakeRunner())
-    assert len(list(cache.glob("*.json"))) == 2
+    assert len(LocalStore(cache)) == 2
 
 
 def test_an_unwritable_cache_directory_is_a_warning_not_a_failure(tmp_path: Path) -> None:

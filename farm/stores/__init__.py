@@ -1,6 +1,6 @@
 """Decision stores: the tiers behind the controller's memory.
 
-``memory`` and ``disk`` (this process, this machine), ``redis`` (the fleet's decision cache; imports redis-py
+``memory`` and ``local`` (this process; this machine's one-file cache), ``redis`` (the fleet's decision cache; imports redis-py
 lazily) and ``archive`` (Parquet archives per fingerprint; imports pyarrow lazily). Import the last two from their
 modules: ``from farm.stores.archive import ArchiveStore``.
 """
@@ -8,7 +8,7 @@ modules: ``from farm.stores.archive import ArchiveStore``.
 from pathlib import Path
 
 from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, DecisionStore
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 
 
@@ -26,6 +26,6 @@ def open_fleet_source(source: DecisionStore | str | Path) -> DecisionStore:
 
 
 __all__ = [
-    "SCHEMA_VERSION", "CorruptRecord", "DecisionRecord", "DecisionStore", "DiskStore", "MemoryStore",
+    "SCHEMA_VERSION", "CorruptRecord", "DecisionRecord", "DecisionStore", "LocalStore", "MemoryStore",
     "open_fleet_source",
 ]

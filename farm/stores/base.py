@@ -135,12 +135,53 @@ def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
 _CHECKSUM_MARK = ',"checksum":"'
 
 
-def _canonical(body: dict[str, Any]) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"))
+def canonical_json(value: Any) -> str:
+    """The project's one canonical JSON form (sorted keys, no spaces): record checksums, spec identities,
+    archive columns."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+_canonical = canonical_json
+
+
+def key_hash(cache_key: str) -> bytes:
+    """The project's one name for a cache key (keys reach 384 KiB): its sha256. The local cache keys rows by
+    these bytes; Redis fields and archive rows by their hex form, :func:`key_sha256`."""
+    return hashlib.sha256(cache_key.encode()).digest()
+
+
+def key_sha256(cache_key: str) -> str:
+    """:func:`key_hash` in hex: the Redis hash field and the archive's ``key_sha256`` column of a key."""
+    return hashlib.sha256(cache_key.encode()).hexdigest()
 
 
 def _checksum(body: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One decision as the farm publishes it, to Redis or a local cache: the record, its fingerprint text, the
+    problem id to index it under ("" for none) and the trial rows behind it. ``text``: the record's verified
+    :meth:`DecisionRecord.to_json` text when it is at hand (saves re-encoding); ``trials_text``: the rows' JSON."""
+
+    record: DecisionRecord
+    fingerprint: str
+    problem_id: str = ""
+    trials: tuple[dict[str, Any], ...] = ()
+    text: str | None = field(default=None, compare=False, repr=False)
+    trials_text: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def json(self) -> str:
+        return self.text if self.text is not None else self.record.to_json()
+
+    @property
+    def trials_json(self) -> str:
+        """The trial rows as compact JSON ("" when there are none)."""
+        if self.trials_text is not None:
+            return self.trials_text
+        return json.dumps(list(self.trials), separators=(",", ":")) if self.trials else ""
 
 
 class DecisionStore(Protocol):

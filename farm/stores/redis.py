@@ -8,20 +8,20 @@ after a back-off, never an exception on the caller's path.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.identity import key_environment
-from farm.stores.base import CorruptRecord, DecisionRecord
+from farm.stores.base import CorruptRecord, DecisionRecord, Publication, key_sha256
 
 log = logging.getLogger(__name__)
 FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
@@ -66,9 +66,21 @@ class KeyLayout:
         return self.key("problems", fingerprint_digest)
 
 
-def field_for(cache_key: str) -> str:
-    """The hash field of a cache key: its sha256 (keys can reach 384 KiB)."""
-    return hashlib.sha256(cache_key.encode()).hexdigest()
+field_for = key_sha256  # the hash field of a cache key (farm.stores.base.key_sha256, its one definition)
+
+
+def _resp(args: list[bytes]) -> bytes:
+    """One command in the Redis protocol (RESP): an array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+    return b"".join(out)
+
+
+def redis_module() -> Any:
+    import redis
+
+    return redis
 
 
 def connect(url: str, timeout: float = 2.0, retries: bool = True) -> Any:
@@ -109,6 +121,7 @@ class RedisDecisions:
         self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self._function_loaded = False
+        self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
 
     # -- fleet-tier reads ---------------------------------------------------------------------------------
@@ -159,23 +172,78 @@ class RedisDecisions:
     ) -> tuple[bool, str]:
         """Publish atomically under the replacement rule, with the trial rows behind the decision (every timing
         pair and verdict with its provenance); return (replaced, reason)."""
+        return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials or ()))])[0]
+
+    def _publish_args(self, pub: Publication) -> tuple[list[str], list[str]]:
+        """The keys and arguments of one ``farm_publish`` call (publish.lua): built here and nowhere else."""
+        cached = self._publish_keys.get(pub.fingerprint)
+        if cached is None:
+            digest = fingerprint_digest(pub.fingerprint)
+            s = self.settings
+            cached = self._publish_keys[pub.fingerprint] = (digest, str(s.events_maxlen), [
+                s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
+                s.trials_key(digest)])
+        digest, maxlen, keys = cached
+        args = [key_sha256(pub.record.cache_key), pub.json, pub.problem_id, digest, pub.fingerprint, maxlen,
+                pub.trials_json]
+        return keys, args
+
+    def publish_many(self, publications: Iterable[Publication], batch: int = 2000) -> list[tuple[bool, str]]:
+        """Publish through ``farm_publish``, ``batch`` calls per MULTI/EXEC transaction (pipelined: one round
+        trip per batch); return (replaced, reason) per publication. A refused call raises ``redis.ResponseError``
+        after its batch: earlier batches stay applied (each call is idempotent under the replacement rule)."""
         import redis
 
         if not self._function_loaded:
             self.load_function()
-        digest = fingerprint_digest(fingerprint)
-        s = self.settings
-        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key, s.trials_key(digest)]
-        args = [field_for(record.cache_key), record.to_json(), problem_id, digest,
-                fingerprint, str(s.events_maxlen), json.dumps(trials, separators=(",", ":")) if trials else ""]
+        results: list[tuple[bool, str]] = []
+        pending = iter(publications)
+        while chunk := list(itertools.islice(pending, batch)):
+            replies = self._execute(chunk)
+            if any(isinstance(r, redis.ResponseError) and "Function not found" in str(r) for r in replies):
+                self.load_function()  # the server restarted without it: every call of the batch failed alike
+                replies = self._execute(chunk)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+                replaced, reason = reply
+                results.append((bool(replaced), str(reason)))
+        return results
+
+    def _execute(self, chunk: list[Publication]) -> list[Any]:
+        """One MULTI/EXEC of ``farm_publish`` calls (one call: no transaction), packed here: redis-py's generic
+        per-argument packing costs more than the server's work for a batch. Error replies come back in place."""
+        commands = []
+        for pub in chunk:
+            keys, args = self._publish_args(pub)
+            commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
+        pool = self.client.connection_pool
         try:
-            replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
-        except redis.ResponseError as e:
-            if "Function not found" not in str(e):
-                raise
-            self.load_function()
-            replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
-        return bool(replaced), str(reason)
+            conn = pool.get_connection()
+        except TypeError:  # redis-py before 5.3 needs a command name
+            conn = pool.get_connection("FCALL")
+        try:
+            if len(chunk) == 1:
+                conn.send_packed_command([commands[0]])
+                try:
+                    return [conn.read_response()]
+                except redis_module().ResponseError as e:
+                    return [e]
+            conn.send_packed_command([b"".join([_resp([b"MULTI"]), *commands, _resp([b"EXEC"])])])
+            conn.read_response()  # +OK
+            queued = []
+            for _ in chunk:
+                try:
+                    queued.append(conn.read_response())
+                except redis_module().ResponseError as e:
+                    queued.append(e)
+            replies = conn.read_response()  # raises EXECABORT when a call was refused while queueing
+            return list(replies)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
     # -- listing ------------------------------------------------------------------------------------------
 

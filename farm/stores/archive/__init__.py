@@ -1,0 +1,49 @@
+"""Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
+
+``schema`` (files, columns, the row of a decision), ``writer`` (atomic folders), ``reader`` and ``checks``
+(verifying, hostile-file safe, batched) and ``store`` (the runtime's read-only fleet tier). The fleet-side operations (export, import,
+merge, diff) live in ``farm_coordinator.archive``. pyarrow is imported lazily.
+"""
+
+from farm.stores.archive.reader import (
+    Archive,
+    archive_folders,
+    is_archive,
+    read_archive,
+    read_manifest,
+    read_regular,
+)
+from farm.stores.archive.schema import (
+    ARCHIVE_SCHEMA_VERSION,
+    DATA_FILES,
+    DECISION_COLUMNS,
+    DECISION_FIELDS,
+    DECISIONS_FILE,
+    ENVIRONMENT_PART,
+    KEY_PARTS,
+    MANIFEST_FILE,
+    ROW_GROUP_ROWS,
+    TRIAL_COLUMNS,
+    TRIAL_FIELDS,
+    TRIAL_TYPES,
+    TRIALS_FILE,
+    ArchiveEntry,
+    ArchiveError,
+    arrow_schema,
+    check_ranges,
+    decision_row,
+    record_text,
+    rekey,
+)
+from farm.stores.archive.store import ArchiveStore
+from farm.stores.archive.writer import WrittenArchive, swap_directory, write_archive
+from farm.stores.base import canonical_json, key_sha256
+
+__all__ = [
+    "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",
+    "ENVIRONMENT_PART", "KEY_PARTS", "MANIFEST_FILE", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
+    "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveStore", "WrittenArchive",
+    "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row", "is_archive",
+    "key_sha256", "read_archive", "read_manifest", "read_regular", "record_text", "rekey", "swap_directory",
+    "write_archive",
+]

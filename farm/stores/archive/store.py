@@ -1,0 +1,188 @@
+"""The runtime's read-only fleet tier over archive directories (``StackTuner(policy, fleet=[path])``)."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.errors import TuneFailure
+from farm.identity import split_fields
+from farm.stores.archive.reader import (
+    archive_folders,
+    check_keys,
+    parquet_file,
+    read_manifest,
+    verified_bytes,
+)
+from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE, ENVIRONMENT_PART, ArchiveError
+from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256, replaces
+
+log = logging.getLogger(__name__)
+
+
+class _Loaded:
+    """One archive's decisions for lookups: the verified file bytes, key_sha256 -> row, a few decoded groups.
+
+    The key index is built one row group at a time from the ``key_sha256`` column alone, refusing a malformed,
+    unsorted or repeated key at once: memory stays proportional to the file and its index."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], row_groups: int) -> None:
+        import pyarrow as pa
+
+        path = folder / DECISIONS_FILE
+        data = verified_bytes(folder, DECISIONS_FILE, manifest)
+        self.pf = parquet_file(path, data, DECISION_COLUMNS, manifest["digest"], manifest["rows"]["decisions"])
+        self.path = path
+        self.starts: list[int] = []
+        self.rows: dict[str, int] = {}
+        at = 0
+        last: str | None = None
+        for g in range(self.pf.num_row_groups):
+            self.starts.append(at)
+            try:
+                keys = self.pf.read_row_group(g, columns=["key_sha256"]).column(0)
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise ArchiveError(f"{path}: not a readable Parquet file: {e}") from None
+            if keys.null_count:
+                raise ArchiveError(f"{path}: column 'key_sha256' holds nulls")
+            for chunk in keys.chunks:
+                last = check_keys(path, chunk, at, last)
+                self.rows.update(zip(chunk.to_pylist(), range(at, at + len(chunk)), strict=True))
+                at += len(chunk)
+        self.groups: OrderedDict[int, Any] = OrderedDict()
+        self.max_groups = row_groups
+
+    def text(self, row: int) -> str:
+        g = bisect.bisect_right(self.starts, row) - 1
+        column = self.groups.get(g)
+        if column is None:
+            column = self.pf.read_row_group(g, columns=["record_json"]).column(0)
+            self.groups[g] = column
+            if len(self.groups) > self.max_groups:
+                self.groups.popitem(last=False)
+        else:
+            self.groups.move_to_end(g)
+        return str(column[row - self.starts[g]].as_py())
+
+
+class ArchiveStore:
+    """A read-only fleet tier over archive directories (each one archive folder or a folder of them).
+
+    Folders are discovered and their manifests checked at construction (ArchiveError for a missing directory; a
+    folder whose manifest is unusable is logged as a warning and skipped: its lookups are misses). An archive is loaded on the first lookup of its fingerprint (or by :meth:`load`): its
+    decisions.parquet is read once, checked against the manifest's byte count and sha256, and only its
+    ``key_sha256`` column is indexed; a hit decodes the ``record_json`` of one row group (kept in a small LRU of
+    ``row_groups`` groups per archive) and parses and verifies that one record. Memory is bounded by the
+    compressed file, the index and the decoded groups. An archive that fails to load is logged once and every
+    lookup that needed it raises CorruptRecord (the controller counts a cache warning and treats it as a miss).
+    When several archives hold the key, the replacement rule picks the record (``farm.stores.base.replaces``).
+
+    ``put`` raises TuneFailure UNAVAILABLE (archives are written by ``farm archive``, never by the runtime);
+    ``delete`` is a no-op (the controller never deletes from the fleet tier; it forgets in memory).
+    """
+
+    def __init__(self, *directories: Path | str, row_groups: int = 4) -> None:
+        self.directories = tuple(Path(d) for d in directories)
+        self.row_groups = row_groups
+        self._manifests: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+        for directory in self.directories:
+            for folder in archive_folders(directory):
+                try:
+                    manifest = read_manifest(folder)
+                except ArchiveError as e:
+                    log.warning("archive %s is unusable and skipped: %s", folder, e)
+                    continue
+                self._manifests.setdefault(manifest["digest"], []).append((folder, manifest))
+        self._loaded: dict[str, list[_Loaded]] = {}
+        self._broken: dict[str, str] = {}
+        self._digests: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self.lookups = 0
+
+    @property
+    def digests(self) -> tuple[str, ...]:
+        return tuple(sorted(self._manifests))
+
+    def load(self) -> int:
+        """Load every archive now (instead of on first lookup); return the number of decisions indexed."""
+        for digest in self._manifests:
+            self._archives(digest)
+        return len(self)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(a.rows) for loaded in self._loaded.values() for a in loaded)
+
+    def _archives(self, digest: str) -> list[_Loaded]:
+        loaded = self._loaded.get(digest)
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            loaded = self._loaded.get(digest)
+            if loaded is None:
+                loaded = []
+                for folder, manifest in self._manifests.get(digest, []):
+                    try:
+                        loaded.append(_Loaded(folder, manifest, self.row_groups))
+                    except ArchiveError as e:
+                        log.warning("archive %s is unusable: %s", folder, e)
+                        self._broken[digest] = str(e)
+                self._loaded[digest] = loaded
+            return loaded
+
+    def _digest(self, cache_key: str) -> str | None:
+        digest = self._digests.get(cache_key)
+        if digest is None:
+            try:
+                parts = split_fields(cache_key)
+            except (ValueError, UnicodeDecodeError):
+                return None
+            if len(parts) <= ENVIRONMENT_PART:
+                return None
+            digest = fingerprint_digest(parts[ENVIRONMENT_PART])
+            if len(self._digests) > 4096:
+                self._digests.clear()
+            self._digests[cache_key] = digest
+        return digest
+
+    def get(self, cache_key: str) -> DecisionRecord | None:
+        """The record for ``cache_key``; None on a miss; CorruptRecord for a bad record or unusable archive."""
+        self.lookups += 1
+        digest = self._digest(cache_key)
+        if digest is None or digest not in self._manifests:
+            return None
+        archives = self._archives(digest)
+        sha = key_sha256(cache_key)
+        best: DecisionRecord | None = None
+        problem: str | None = self._broken.get(digest)
+        for archive in archives:
+            row = archive.rows.get(sha)
+            if row is None:
+                continue
+            try:
+                with self._lock:
+                    text = archive.text(row)
+                record = DecisionRecord.from_json(text, expected_key=cache_key)
+            except CorruptRecord as e:
+                problem = f"{archive.path}: row {row}: {e}"
+                continue
+            except Exception as e:  # an unreadable row group
+                problem = f"{archive.path}: row {row}: {e}"
+                continue
+            if replaces(record, best):
+                best = record
+        if best is None and problem is not None:
+            raise CorruptRecord(problem)
+        return best
+
+    def put(self, record: DecisionRecord) -> None:
+        raise TuneFailure.unavailable("an ArchiveStore is read-only: write archives with `farm archive`")
+
+    def delete(self, cache_key: str) -> None:
+        return None
+

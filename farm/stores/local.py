@@ -1,0 +1,399 @@
+"""The local cache: one SQLite file per cache directory, shared safely by every process of the machine.
+
+``<cache_directory>/farm-cache.sqlite3`` holds one row per decision (the exact :meth:`DecisionRecord.to_json` text,
+keyed by the sha256 of its cache key), the trial rows behind the farm's decisions beside them, the fingerprints and
+the farm's problem index. The controller reads it as its disk tier (``StackTuner(cache_directory=...)``); the
+embedded farm (``DirectorySink``) and ``farm archive import --into-cache`` publish into it; ``farm archive export
+--from-cache`` reads it. This module is the only owner of the format.
+
+Every row has an owner: ``APP`` (written by an application's controller: its policy's ``capacity`` and ``ttl`` apply)
+or ``FARM`` (published by the farm or an import: never pruned by an application). Pruning uses indexes and a row
+count kept by triggers, so each put costs the same with ten records or a million. Writes are transactions (WAL
+journal, ``BEGIN IMMEDIATE``, a busy timeout), so readers in other processes see the old record or the new one.
+
+A directory in the previous format (``<sha256>.json``, ``trials/``, ``farm-index.json``) is migrated once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.stores.base import CorruptRecord, DecisionRecord, Publication, key_hash, replaces
+
+log = logging.getLogger(__name__)
+
+STORE_FILE = "farm-cache.sqlite3"
+STORE_SCHEMA = 1
+APP, FARM = 0, 1  # row owners: an application's controller (its capacity and ttl apply), the farm (never pruned)
+_LEGACY_RECORD = re.compile(r"[0-9a-f]{64}\.json")
+_LEGACY_INDEX = "farm-index.json"
+_LEGACY_TRIALS = "trials"
+_BATCH = 1000
+
+_SCHEMA = """
+CREATE TABLE decisions (
+    id INTEGER PRIMARY KEY,      -- write order: capacity pruning removes the lowest ids of the application's rows
+    key BLOB NOT NULL UNIQUE,    -- sha256 of the cache key
+    owner INTEGER NOT NULL,      -- 0 the application (its capacity and ttl apply), 1 the farm (never pruned)
+    created REAL NOT NULL,
+    problem_id TEXT,
+    record TEXT NOT NULL         -- DecisionRecord.to_json text: the full key, the checksum last
+);
+CREATE INDEX decisions_by_owner ON decisions(owner);
+CREATE INDEX decisions_by_age ON decisions(owner, created);
+CREATE TABLE trials (key BLOB PRIMARY KEY, rows TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE fingerprints (digest TEXT PRIMARY KEY, fingerprint TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE problems (digest TEXT NOT NULL, problem_id TEXT NOT NULL, key BLOB NOT NULL,
+                       PRIMARY KEY (digest, problem_id)) WITHOUT ROWID;
+CREATE TABLE counts (owner INTEGER PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TRIGGER decisions_added AFTER INSERT ON decisions BEGIN
+    INSERT INTO counts VALUES (new.owner, 1) ON CONFLICT (owner) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER decisions_removed AFTER DELETE ON decisions BEGIN
+    UPDATE counts SET n = n - 1 WHERE owner = old.owner;
+    DELETE FROM trials WHERE key = old.key;
+END;
+"""
+
+
+class LocalStore:
+    """The decisions of ``directory/farm-cache.sqlite3``.
+
+    ``capacity`` and ``ttl`` (seconds) bound this owner's rows when it is ``APP`` (None: unbounded); ``FARM`` rows
+    are never pruned. Reads never create the file: a missing cache is a miss. ``timeout``: how long a write waits
+    for another process's transaction (default 5 s for an application, then the put fails with OSError and the
+    controller counts a cache warning; 60 s for the farm). ``get`` raises CorruptRecord for a bad record or an
+    unusable file; writes raise OSError when the file cannot be written.
+    """
+
+    def __init__(self, directory: Path | str, capacity: int | None = None, ttl: float | None = None, *,
+                 owner: int = APP, timeout: float | None = None) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / STORE_FILE
+        self.capacity = capacity
+        self.ttl = ttl
+        self.owner = owner
+        self.timeout = timeout if timeout is not None else 5.0 if owner == APP else 60.0  # lock wait, seconds
+        self._conn: sqlite3.Connection | None = None
+        self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
+        self._pid = 0
+        self._lock = threading.RLock()
+
+    # -- connection ---------------------------------------------------------------------------------------------
+
+    def _connect(self, create: bool) -> sqlite3.Connection | None:
+        """The open connection (reopened after a fork); None when the file is missing and ``create`` is false.
+
+        A reader that may not write the cache (another user's, under a 0755 folder) reads an immutable view of the
+        file instead, reopened whenever the file changes: it sees what writers have checkpointed."""
+        if self._conn is not None and self._pid == os.getpid():
+            if self._snapshot is None or self._snapshot == _stamp(self.path) or create:
+                return self._conn
+            self._conn.close()
+            self._conn = None
+        if not create and not self.path.exists() and not _legacy_files(self.directory):
+            with contextlib.suppress(FileNotFoundError):
+                os.stat(self.directory)  # a path through a file is an error, a missing directory a miss
+            return None
+        if create or not self.path.exists():
+            self.directory.mkdir(parents=True, exist_ok=True)
+        self._snapshot = None
+        try:
+            conn = self._open()
+        except sqlite3.OperationalError as e:
+            if create or not ("readonly" in str(e) or "unable to open" in str(e)):
+                raise
+            self._snapshot = _stamp(self.path)
+            conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.path))}?immutable=1", uri=True,
+                                   isolation_level=None, check_same_thread=False)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != STORE_SCHEMA:
+                conn.close()
+                raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads "
+                                    f"{STORE_SCHEMA}") from None
+        self._conn, self._pid = conn, os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
+            conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                self._create(conn)
+            elif version != STORE_SCHEMA:
+                raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads {STORE_SCHEMA}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _create(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:  # another process may have won the race
+                for statement in _statements(_SCHEMA):
+                    conn.execute(statement)
+                migrated = _migrate(conn, self.directory)
+                conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
+            else:
+                migrated = []
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        for path in migrated:
+            with contextlib.suppress(OSError):
+                path.unlink() if path.is_file() else path.rmdir()
+        if migrated:
+            log.info("migrated the cache directory %s into %s", self.directory, self.path)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; sqlite3 errors become OSError naming the file."""
+        with self._lock:
+            try:
+                conn = self._connect(create=True)
+                assert conn is not None
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise OSError(f"{self.path}: {e}") from e
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise OSError(f"{self.path}: {e}") from e
+                raise
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            try:
+                conn = self._connect(create=False)
+                return [] if conn is None else conn.execute(sql, args).fetchall()
+            except (sqlite3.Error, OSError) as e:
+                raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    # -- the decision store port (the controller's disk tier) ---------------------------------------------------
+
+    def get(self, cache_key: str) -> DecisionRecord | None:
+        rows = self._read("SELECT record FROM decisions WHERE key = ?", (key_hash(cache_key),))
+        return DecisionRecord.from_json(rows[0][0], expected_key=cache_key) if rows else None
+
+    def put(self, record: DecisionRecord) -> None:
+        """Store under this store's owner, then prune its expired and excess rows (indexed; never the farm's)."""
+        with self._write() as conn:
+            _replace(conn, key_hash(record.cache_key), self.owner, record.created, None, record.to_json())
+            if self.owner == APP:
+                self._prune(conn)
+
+    def delete(self, cache_key: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM decisions WHERE key = ?", (key_hash(cache_key),))
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        if self.ttl is not None:
+            conn.execute("DELETE FROM decisions WHERE owner = ? AND created < ?", (APP, time.time() - self.ttl))
+        if self.capacity is not None:
+            (n,) = conn.execute("SELECT n FROM counts WHERE owner = ?", (APP,)).fetchone() or (0,)
+            if n > self.capacity:
+                conn.execute("DELETE FROM decisions WHERE id IN (SELECT id FROM decisions WHERE owner = ? "
+                             "ORDER BY id LIMIT ?)", (APP, n - self.capacity))
+
+    def __len__(self) -> int:
+        return sum(n for (n,) in self._read("SELECT n FROM counts"))
+
+    def count(self, owner: int) -> int:
+        rows = self._read("SELECT n FROM counts WHERE owner = ?", (owner,))
+        return int(rows[0][0]) if rows else 0
+
+    # -- the farm's side: publication, problem index, listing ---------------------------------------------------
+
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str = "",
+                trials: Sequence[dict[str, Any]] = ()) -> tuple[bool, str]:
+        """Publish one decision as the farm (see :meth:`publish_many`)."""
+        return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials))])[0]
+
+    def publish_many(self, publications: Iterable[Publication]) -> list[tuple[bool, str]]:
+        """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): the record with
+        its trial rows, the fingerprint text and the problem index. Returns (replaced, "new" | "replaced" |
+        "kept: ...") per publication; all of it is written or none of it. Stored records are looked up and
+        rows written ``_BATCH`` at a time."""
+        results: list[tuple[bool, str]] = []
+        chosen: dict[bytes, tuple[Publication, str]] = {}  # what each touched key will hold
+        stored: set[bytes] = set()  # keys with a row to delete first
+        digests: dict[str, str] = {}
+        with self._write() as conn:
+            pending = iter(publications)
+            while chunk := list(itertools.islice(pending, _BATCH)):
+                keys = [key_hash(pub.record.cache_key) for pub in chunk]
+                unseen = list({k for k in keys if k not in chosen})
+                old_rows = dict(conn.execute(
+                    f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})", unseen
+                ).fetchall()) if unseen else {}
+                stored.update(old_rows)
+                for pub, key in zip(chunk, keys, strict=True):
+                    held = chosen.get(key)
+                    old: DecisionRecord | None = held[0].record if held is not None else None
+                    if held is None and key in old_rows:
+                        with contextlib.suppress(CorruptRecord):
+                            old = DecisionRecord.from_json(old_rows[key], expected_key=pub.record.cache_key)
+                    if not replaces(pub.record, old):
+                        results.append((False, "kept: the stored record wins under the replacement rule"))
+                        continue
+                    digest = digests.get(pub.fingerprint)
+                    if digest is None:
+                        digest = digests[pub.fingerprint] = fingerprint_digest(pub.fingerprint)
+                    chosen[key] = (pub, digest)
+                    results.append((True, "new" if held is None and key not in old_rows else "replaced"))
+            conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)",
+                             [(d, text) for text, d in digests.items()])
+            items = list(chosen.items())
+            for at in range(0, len(items), _BATCH):
+                part = items[at : at + _BATCH]
+                conn.executemany("DELETE FROM decisions WHERE key = ?", [(k,) for k, _ in part if k in stored])
+                conn.executemany(
+                    "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
+                    [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part])
+                conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)",
+                                 [(k, p.trials_json or "[]") for k, (p, _) in part])
+                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
+                                 [(d, p.problem_id, k) for k, (p, d) in part if p.problem_id])
+        return results
+
+    def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
+        """Which of ``problem_ids`` have a stored decision for this fingerprint."""
+        found: set[str] = set()
+        for at in range(0, len(problem_ids), 500):
+            chunk = problem_ids[at : at + 500]
+            found.update(pid for (pid,) in self._read(
+                "SELECT p.problem_id FROM problems p JOIN decisions d ON d.key = p.key WHERE p.digest = ? AND "
+                f"p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)))
+        return found
+
+    def fingerprints(self) -> dict[str, str]:
+        """Digest -> fingerprint text of every fingerprint the farm published."""
+        return dict(self._read("SELECT digest, fingerprint FROM fingerprints"))
+
+    def trials(self, cache_key: str) -> list[dict[str, Any]]:
+        rows = self._read("SELECT rows FROM trials WHERE key = ?", (key_hash(cache_key),))
+        return list(json.loads(rows[0][0])) if rows else []
+
+    def scan(self, batch: int = 10000) -> Iterator[list[tuple[str, str | None, str | None]]]:
+        """Every stored decision in batches of (record text, problem id, trial rows JSON or None), in write order.
+        Each batch is one consistent read; the records are not verified here."""
+        last = 0
+        while True:
+            rows = self._read(
+                "SELECT d.id, d.record, d.problem_id, t.rows FROM decisions d LEFT JOIN trials t ON t.key = d.key "
+                "WHERE d.id > ? ORDER BY d.id LIMIT ?", (last, batch))
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield [(text, pid, trials) for _, text, pid, trials in rows]
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    with contextlib.suppress(OSError):
+        st = os.stat(path)
+        return (st.st_mtime_ns, st.st_size)
+    return (0, 0)
+
+
+def _statements(script: str) -> Iterator[str]:
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement
+            statement = ""
+
+
+def _replace(conn: sqlite3.Connection, key: bytes, owner: int, created: float, problem_id: str | None,
+             text: str) -> None:
+    # DELETE then INSERT (not INSERT OR REPLACE): the row gets a new write-order id and the count triggers fire.
+    conn.execute("DELETE FROM decisions WHERE key = ?", (key,))
+    conn.execute("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
+                 (key, owner, created, problem_id, text))
+
+
+# -- the previous format: read once, migrated -------------------------------------------------------------------
+
+
+def _legacy_files(directory: Path) -> list[Path]:
+    try:
+        return [p for p in directory.iterdir() if _LEGACY_RECORD.fullmatch(p.name) or p.name == _LEGACY_INDEX]
+    except OSError:
+        return []
+
+
+def _migrate(conn: sqlite3.Connection, directory: Path) -> list[Path]:
+    """Copy a cache directory of the previous format into the new tables; return the files to remove."""
+    files = _legacy_files(directory)
+    if not files:
+        return []
+    index: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads((directory / _LEGACY_INDEX).read_text())
+        index = loaded if isinstance(loaded, dict) else {}
+    problems: dict[str, Any] = index["problems"] if isinstance(index.get("problems"), dict) else {}
+    farm_keys: dict[str, tuple[str, str]] = {}
+    for digest, pids in problems.items():
+        if isinstance(pids, dict):
+            for pid, sha in pids.items():
+                farm_keys[str(sha)] = (str(digest), str(pid))
+    fingerprints: dict[str, Any] = index["fingerprints"] if isinstance(index.get("fingerprints"), dict) else {}
+    for digest, text in fingerprints.items():
+        conn.execute("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", (str(digest), str(text)))
+    records = []
+    for path in list(files):
+        if path.name == _LEGACY_INDEX:
+            continue
+        try:
+            text = path.read_text()
+            record = DecisionRecord.from_json(text)
+            records.append((path.stat().st_mtime, path, record, text))
+        except (OSError, ValueError, CorruptRecord) as e:  # it would be a miss: it is left behind, not migrated
+            log.warning("not migrating %s: %s", path, e)
+            files.remove(path)
+    trials_dir = directory / _LEGACY_TRIALS
+    for _, path, record, text in sorted(records, key=lambda r: r[0]):
+        sha = path.name[:-5]
+        key = key_hash(record.cache_key)
+        if key.hex() != sha:
+            continue
+        owner, pid = (FARM, farm_keys[sha][1]) if sha in farm_keys else (APP, None)
+        _replace(conn, key, owner, record.created, pid, text)
+        trial_path = trials_dir / path.name
+        if owner == FARM:
+            with contextlib.suppress(OSError):
+                conn.execute("INSERT OR REPLACE INTO trials VALUES (?, ?)", (key, trial_path.read_text()))
+            conn.execute("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", (farm_keys[sha][0], pid, key))
+        if trial_path.is_file():
+            files.append(trial_path)
+    if trials_dir.is_dir():
+        files.append(trials_dir)  # removed last, and only when empty
+    return files
