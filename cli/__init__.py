@@ -160,6 +160,12 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
     setup_logging(loglevel, log_json)
     with errors():
         _check(broker, redis_url)
+        if cores is not None and device.startswith("cpu:") and device[4:].isdigit():  # bad usage is reported before any server is asked
+            import os
+
+            from farm_workers.worker import parse_cores
+
+            parse_cores(cores, int(device[4:]), os.sched_getaffinity(0))
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
         reachable(settings)
         sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores))
