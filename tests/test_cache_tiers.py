@@ -16,7 +16,7 @@ from farm.engine import DecisionSource, StackTuner
 from farm.errors import TuneFailure
 from farm.policy import Mode
 from farm.stores.base import DecisionRecord
-from farm.stores.disk import DiskStore
+from farm.stores.local import LocalStore
 
 PERSISTENT = problem(persistent=True)
 C = candidates("ref", "a", "b")
@@ -29,14 +29,14 @@ def record(key: str, **changes: Any) -> DecisionRecord:
     return DecisionRecord(**fields)
 
 
-class ReadOnlyDisk(DiskStore):
+class ReadOnlyDisk(LocalStore):
     """A cache directory on a read-only file system: reads work, every write fails as the kernel says."""
 
     def put(self, record: DecisionRecord) -> None:
         raise OSError(errno.EROFS, "Read-only file system", str(self.directory))
 
     def delete(self, cache_key: str) -> None:
-        raise OSError(errno.EROFS, "Read-only file system", str(self.path(cache_key)))
+        raise OSError(errno.EROFS, "Read-only file system", str(self.directory))
 
 
 class OneRecordFleet:
@@ -58,7 +58,7 @@ def test_a_stored_winner_that_fails_validation_on_a_read_only_cache_is_a_warning
 ) -> None:
     tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path)
     key = tuner.request(PERSISTENT, C, 0).key
-    DiskStore(tmp_path, 16).put(record(key))
+    LocalStore(tmp_path, 16).put(record(key))
     tuner._disk = ReadOnlyDisk(tmp_path, 16)
     with caplog.at_level(logging.WARNING, logger="farm.engine"):
         decision = tuner.select(PERSISTENT, C, 0, FakeRunner(verdicts={1: TuneFailure.rejected("wrong output")}))
@@ -103,4 +103,4 @@ def test_write_through_can_be_turned_off(tmp_path: Path) -> None:
     fleet = OneRecordFleet(record(key, index=2, name="b", ratio=0.25))
     tuner = StackTuner(FAST, cache_directory=tmp_path, fleet=[fleet], fleet_write_through=False)
     assert tuner.select(PERSISTENT, C, 0, FakeRunner()).source is DecisionSource.FLEET_CACHE
-    assert list(tmp_path.glob("*.json")) == []
+    assert LocalStore(tmp_path).get(key) is None
