@@ -23,31 +23,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
 from farm.scoring import valid_seconds
+from farm.search import admit, search
 from farm.stores import open_fleet_source
 from farm.stores.base import CorruptRecord, DecisionRecord, DecisionStore
 from farm.stores.disk import DiskStore
 from farm.stores.memory import MemoryStore
-from farm.trials import (
-    CandidateReport,
-    Outcome,
-    ValidationUnavailable,
-    candidate_trials,
-    decide,
-    pre_trial_skip,
-    reference_noise,
-    reference_trials,
-)
+from farm.trials import CandidateReport, Validation, decide, reference_noise
 
-
-class Validation(enum.Enum):
-    """A validation verdict. A wrong output is never UNSUPPORTED: it raises a REJECTED failure."""
-
-    PASSED = "passed"
-    UNSUPPORTED = "unsupported"
+__all__ = [
+    "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
+    "is_tuning", "tuning_scope",
+]
 
 
 class DecisionSource(enum.Enum):
@@ -354,42 +344,24 @@ class StackTuner:
     def _explore(self, req: Request, runner: TrialRunner) -> Decision:
         policy = self._policy
         started = time.monotonic()
-        deadline = started + policy.budget
         ref = req.reference
         cands = req.candidates
         names = [c.name for c in cands]
+        with self._lock:
+            banned = {name for key, name in self._banned if key == req.key}
+        admitted, refused = admit(cands, ref, policy, banned=banned)
         try:
-            reference_times = reference_trials(runner, policy, ref, names[ref])
+            found = search(runner, policy, ref, cands, admitted, banned=banned)
         except ValidationUnavailable:
             with self._lock:
                 self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        with self._lock:
-            banned = {name for key, name in self._banned if key == req.key}
-        outcomes: list[Outcome] = []
-        skipped: dict[int, str] = {}
-        budget_exhausted = False
-        tried = 1
-        for index, cand in enumerate(cands):
-            if index == ref:
-                continue
-            note = pre_trial_skip(cand, policy, cand.name in banned)
-            if note is None and tried >= policy.max_candidates:
-                note = f"not tried: max_candidates {policy.max_candidates} reached"
-            if note is None and (budget_exhausted or time.monotonic() > deadline):
-                budget_exhausted = True
-                note = f"not tried: budget of {policy.budget:g}s exhausted"
-            if note is not None:
-                skipped[index] = note
-                continue
-            tried += 1
-            outcome = candidate_trials(runner, policy, ref, index, names, deadline)
-            budget_exhausted = budget_exhausted or outcome.budget_exhausted
-            outcomes.append(outcome)
+        outcomes = sorted((*found.outcomes, *refused), key=lambda o: o.index)
+        budget_exhausted = any(o.budget_exhausted for o in outcomes)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
-        reports.update({i: CandidateReport(names[i], 0, None, None, False, note, index=i) for i, note in skipped.items()})
+        reference_times = found.reference_times
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from farm.errors import FailureKind, TuneFailure
 from farm.policy import StackPolicy
 from farm.trials import (
     Outcome,
+    TrialVerdict,
     ValidationUnavailable,
     candidate_trials,
     decide,
@@ -49,7 +51,8 @@ def test_a_reference_failure_is_rejected_unless_it_is_a_device_failure(failure: 
 
 def test_candidate_trials_collect_reference_candidate_pairs() -> None:
     outcome = candidate_trials(FakeRunner({0: 2.0, 1: [9.0, 1.0, 0.5, 1.5]}), FAST, 0, 1, NAMES, NO_DEADLINE)
-    assert outcome == Outcome(1, "a", ((2.0, 1.0), (2.0, 0.5), (2.0, 1.5)), True, None, False)
+    assert outcome == Outcome(1, "a", ((2.0, 1.0), (2.0, 0.5), (2.0, 1.5)), True)
+    assert (outcome.verdict, outcome.failure) == (TrialVerdict.PASSED, None)
 
 
 def test_a_device_failure_in_candidate_trials_propagates() -> None:
@@ -71,19 +74,30 @@ def test_an_outcome_reports_its_own_comparison_errors_not_the_previous_candidate
     a = candidate_trials(runner, FAST, 0, 1, NAMES, NO_DEADLINE)
     b = candidate_trials(runner, FAST, 0, 2, NAMES, NO_DEADLINE)
     assert (a.max_abs_error, a.max_rel_error) == (0.25, 0.5)
-    assert b.failure is not None and (b.max_abs_error, b.max_rel_error) == (None, None)
+    assert b.verdict is TrialVerdict.REJECTED and b.note == "RuntimeError: never validated"
+    assert b.failure == "rejected: RuntimeError: never validated"
+    assert (b.max_abs_error, b.max_rel_error) == (None, None)
 
 
 def test_an_outcome_round_trips_through_its_dict() -> None:
-    outcome = Outcome(2, "b", ((1.0, 0.5), (1.0, 0.25)), True, "rejected: x", True, 1e-6, 1e-5)
-    assert Outcome.from_dict(outcome.to_dict()) == outcome
+    outcome = Outcome(2, "b", ((1.0, 0.5), (1.0, 0.25)), True, TrialVerdict.REJECTED, "x", True, 1e-6, 1e-5, "3")
+    assert Outcome.from_dict(json.loads(json.dumps(outcome.to_dict()))) == outcome
+    assert outcome.to_dict()["verdict"] == "rejected" and outcome.to_dict()["revision"] == "3"
+    timed = Outcome(1, "a", ((1.0, 0.5),), False)
+    assert timed.verdict is TrialVerdict.UNVERIFIED and Outcome.from_dict(timed.to_dict()) == timed
+
+
+def test_an_unknown_verdict_is_refused() -> None:
+    data = Outcome(1, "a", (), False, TrialVerdict.SKIPPED, "not eligible").to_dict()
+    with pytest.raises(ValueError):
+        Outcome.from_dict({**data, "verdict": "maybe"})
 
 
 def test_decide_picks_the_best_acceptable_outcome_in_plan_order() -> None:
     outcomes = [
         Outcome(1, "a", ((1.0, 0.8),) * 3, True),
         Outcome(2, "b", ((1.0, 0.4),) * 3, True),
-        Outcome(3, "c", (), False, "rejected: wrong output"),
+        Outcome(3, "c", (), False, TrialVerdict.REJECTED, "wrong output"),
     ]
     selection, judged = decide(0, ["ref", "a", "b", "c"], outcomes, StackPolicy())
     assert (selection.index, selection.ratio) == (2, 0.4)

@@ -41,7 +41,7 @@ from typing import Any
 
 from farm.atomicfile import fsync_directory
 from farm.environment import farm_version, fingerprint_digest
-from farm.errors import FarmError, TuneFailure
+from farm.errors import ArchiveError, TuneFailure
 from farm.identity import KEY_VERSION, fields, split_fields
 from farm.stores.base import CorruptRecord, DecisionRecord, replaces
 
@@ -113,10 +113,6 @@ _TRIAL_GETTER = operator.itemgetter(*TRIAL_FIELDS)
 _TRIAL_NONNEGATIVE = ("candidate_index", "pair", "attempt", "reference_seconds", "candidate_seconds",
                       "max_abs_error", "max_rel_error")
 _INT32 = (-(2**31), 2**31 - 1)
-
-
-class ArchiveError(FarmError):
-    """Raised when an archive cannot be written or trusted; the message names the file, row and field."""
 
 
 def _arrow_type(pa: Any, kind: str) -> Any:
