@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.identity import fields, split_fields
+from farm.identity import CacheKey, key_environment
 from farm.stores.archive import (
-    ENVIRONMENT_PART,
     Archive,
     ArchiveEntry,
     ArchiveError,
@@ -158,8 +157,8 @@ def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None
             loose.append(f"{path.name}: the record's key is not the one its file name names")
             continue
         try:
-            text = split_fields(record.cache_key)[ENVIRONMENT_PART]
-        except (ValueError, IndexError):
+            text = key_environment(record.cache_key)
+        except ValueError:
             loose.append(f"{path.name}: the record's key is not a cache key")
             continue
         digest = fingerprint_digest(text)
@@ -497,9 +496,7 @@ class Diff:
 def _match_key(entry: ArchiveEntry, without_environment: bool) -> str:
     if not without_environment:
         return entry.key_sha256
-    parts = split_fields(entry.record.cache_key)
-    del parts[ENVIRONMENT_PART]
-    return key_sha256(fields(parts))
+    return key_sha256(CacheKey.decode(entry.record.cache_key).replace(environment="").encode())
 
 
 def diff_archives(a_path: Path | str, b_path: Path | str) -> Diff:

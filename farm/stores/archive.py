@@ -42,7 +42,7 @@ from typing import Any
 from farm.atomicfile import fsync_directory
 from farm.environment import farm_version, fingerprint_digest
 from farm.errors import ArchiveError, TuneFailure
-from farm.identity import KEY_VERSION, fields, split_fields
+from farm.identity import KEY_VERSION, CacheKey, key_environment, manifest, split_fields
 from farm.stores.base import CorruptRecord, DecisionRecord, replaces
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,11 @@ TRIAL_ROW_GROUP_ROWS = 65536  # trials.parquet is only ever read whole
 PARQUET_VERSION_KEY = b"farm.archive.schema_version"
 PARQUET_DIGEST_KEY = b"farm.archive.fingerprint_digest"
 
-# The parts of a cache key (farm.identity.cache_key), in order: the columns named after them.
+# The parts of a cache key (farm.identity.CacheKey), in order: the columns named after them.
 KEY_PARTS = (
     "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
     "manifest", "accuracy_key",
 )
-ENVIRONMENT_PART = KEY_PARTS.index("environment")
 
 # (column, type name, nullable). Types: string, int32, float64, bool.
 DECISION_COLUMNS: tuple[tuple[str, str, bool], ...] = (
@@ -184,17 +183,11 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     that a row agrees with its ``record_json``. Raises ArchiveError for a key that is not a v1 cache key or whose
     winner or reference is not in the key's candidate manifest."""
     key = record.cache_key
-    try:
-        parts = split_fields(key)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ArchiveError(f"cache key is not a length-delimited encoding: {e}") from e
-    if len(parts) != len(KEY_PARTS) or parts[0] != KEY_VERSION:
-        raise ArchiveError(f"cache key is not a {KEY_VERSION} key ({len(parts)} parts, version {parts[0]!r})"
-                           if parts else "cache key is empty")
-    names = _manifest_names(parts[7])
-    if str(record.reference_index) != parts[6]:
+    parsed = _parse_key(key)
+    names = parsed.names
+    if record.reference_index != parsed.reference:
         raise ArchiveError(f"field 'reference_index' = {record.reference_index} differs from the key's reference "
-                           f"position {parts[6]!r}")
+                           f"position {str(parsed.reference)!r}")
     for what, index in (("winner_index", record.index), ("reference_index", record.reference_index)):
         if not 0 <= index < len(names):
             raise ArchiveError(f"field {what!r} = {index} is out of range for {len(names)} candidates")
@@ -206,7 +199,7 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     device_kind = _meta_str(meta, "device_kind")
     if operation is None or device_kind is None:
         try:  # the runtime adapter's operation key: fields([name, device kind, set checksum])
-            op_parts = split_fields(parts[2])
+            op_parts = split_fields(parsed.operation)
         except (ValueError, UnicodeDecodeError):
             op_parts = []
         if len(op_parts) == 3 and all(op_parts):
@@ -218,8 +211,16 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     row = {
         "key_sha256": key_sha256(key),
         "cache_key": key,
-        **dict(zip(KEY_PARTS, parts, strict=True)),
-        "operation": operation or parts[2],
+        "key_version": parsed.version,
+        "scope": parsed.scope,
+        "operation_key": parsed.operation,
+        "environment": parsed.environment,
+        "workload": parsed.workload,
+        "execution_context": parsed.execution_context,
+        "reference_position": str(parsed.reference),
+        "manifest": manifest(parsed.candidates),
+        "accuracy_key": parsed.accuracy.encode(),
+        "operation": operation or parsed.operation,
         "device_kind": device_kind,
         "spec_json": canonical_json(spec) if spec is not None else None,
         "problem_id": problem_id,
@@ -246,11 +247,14 @@ def _number(value: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _manifest_names(manifest: str) -> tuple[str, ...]:
+def _parse_key(key: str) -> CacheKey:
     try:
-        return tuple(split_fields(entry)[0] for entry in split_fields(manifest))
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
-        raise ArchiveError(f"the key's candidate manifest cannot be read: {e}") from e
+        parsed = CacheKey.decode(key)
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ArchiveError(f"cache key is not a {KEY_VERSION} key: {e}") from e
+    if parsed.version != KEY_VERSION:
+        raise ArchiveError(f"cache key is not a {KEY_VERSION} key (version {parsed.version!r})")
+    return parsed
 
 
 def check_ranges(row: dict[str, Any]) -> None:
@@ -276,16 +280,15 @@ def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
     record rebuilt (so its checksum is right) and its meta gains ``forced_from`` (the old digest); a meta
     ``fingerprint`` digest is updated. Trial rows and the problem id are kept."""
     record = entry.record
-    parts = split_fields(record.cache_key)
-    old = parts[ENVIRONMENT_PART]
+    key = CacheKey.decode(record.cache_key)
+    old = key.environment
     if old == fingerprint:
         return entry
-    parts[ENVIRONMENT_PART] = fingerprint
     meta = dict(record.meta)
     meta["forced_from"] = fingerprint_digest(old)
     if "fingerprint" in meta:
         meta["fingerprint"] = fingerprint_digest(fingerprint)
-    new = DecisionRecord(fields(parts), record.index, record.reference_index, record.name, record.verified,
+    new = DecisionRecord(key.replace(environment=fingerprint).encode(), record.index, record.reference_index, record.name, record.verified,
                          record.ratio, record.created, meta)
     return ArchiveEntry(new, entry.problem_id, entry.trials)
 
@@ -839,12 +842,9 @@ class ArchiveStore:
         digest = self._digests.get(cache_key)
         if digest is None:
             try:
-                parts = split_fields(cache_key)
-            except (ValueError, UnicodeDecodeError):
+                digest = fingerprint_digest(key_environment(cache_key))
+            except ValueError:
                 return None
-            if len(parts) <= ENVIRONMENT_PART:
-                return None
-            digest = fingerprint_digest(parts[ENVIRONMENT_PART])
             if len(self._digests) > 4096:
                 self._digests.clear()
             self._digests[cache_key] = digest
