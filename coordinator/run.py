@@ -350,13 +350,12 @@ def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
 
 def _unconfirmed(agg: Aggregate, reason: str = "unconfirmed: no second device of this fingerprint online") -> Aggregate:
     from farm.stores.base import DecisionRecord
-    from farm_coordinator.aggregate import Aggregate as A
 
     assert agg.record is not None
     r = agg.record
     meta = dict(r.meta, confirmation=reason)
-    return A(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta),
-             agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
+    record = DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta)
+    return dataclasses.replace(agg, record=record)
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from farm.policy import AccuracyKey, StackPolicy
 
 __all__ = [
     "DEFAULT_CONTEXT", "KEY_VERSION", "MAX_CANDIDATES", "MAX_KEY_BYTES", "MAX_NAME_BYTES", "CacheKey", "Candidate",
+    "OperationKey",
     "Problem", "Scope", "cache_key", "check_request", "fields", "fits_workspace", "key_environment", "manifest",
     "split_fields",
 ]
@@ -133,6 +134,30 @@ class CacheKey:
     def names(self) -> tuple[str, ...]:
         """The candidate names in key order (the decision's ``index`` points into them)."""
         return tuple(c.name for c in self.candidates)
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    """The operation part of a runtime adapter's problem: the operation's name, the device kind and the candidate
+    set's checksum (a device class, never an index). Other callers may use any non-empty operation text."""
+
+    name: str
+    device_kind: str
+    checksum: str
+
+    def encode(self) -> str:
+        return fields([self.name, self.device_kind, self.checksum])
+
+    @classmethod
+    def decode(cls, text: str) -> OperationKey | None:
+        """The parts of an adapter's operation text, or None for operation text of another form."""
+        try:
+            parts = split_fields(text)
+        except ValueError:
+            return None
+        if len(parts) != 3 or not all(parts):
+            return None
+        return cls(*parts)
 
 
 def key_environment(key: str) -> str:

@@ -42,7 +42,7 @@ from typing import Any
 from farm.atomicfile import fsync_directory
 from farm.environment import farm_version, fingerprint_digest
 from farm.errors import ArchiveError, TuneFailure
-from farm.identity import KEY_VERSION, CacheKey, key_environment, manifest, split_fields
+from farm.identity import KEY_VERSION, CacheKey, OperationKey, key_environment, manifest
 from farm.stores.base import CorruptRecord, DecisionRecord, replaces
 
 log = logging.getLogger(__name__)
@@ -198,13 +198,10 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     operation = _meta_str(meta, "operation")
     device_kind = _meta_str(meta, "device_kind")
     if operation is None or device_kind is None:
-        try:  # the runtime adapter's operation key: fields([name, device kind, set checksum])
-            op_parts = split_fields(parsed.operation)
-        except (ValueError, UnicodeDecodeError):
-            op_parts = []
-        if len(op_parts) == 3 and all(op_parts):
-            operation = operation or op_parts[0]
-            device_kind = device_kind or op_parts[1]
+        op = OperationKey.decode(parsed.operation)  # the runtime adapter's operation key
+        if op is not None:
+            operation = operation or op.name
+            device_kind = device_kind or op.device_kind
     mad: Any = meta.get("relative_mad")
     samples = meta.get("samples")
     spec = meta.get("spec")
