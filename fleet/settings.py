@@ -85,8 +85,9 @@ class Settings(KeyLayout):
 
     def time_limits(self, policy: StackPolicy, groups: int = 1) -> tuple[float, float]:
         """(soft, hard) seconds for one task carrying ``groups`` groups: twice the budget per group plus a
-        floor, and a margin on top. A group's trials stop starting new samples at the budget, so only a hung
-        candidate reaches the soft limit."""
+        floor, and a margin on top. A group carries at most the policy's budget (what its problem's earlier groups
+        left: ``farm.search``) and stops starting new samples when it is spent, and its reference timing is bounded
+        like the controller's, so only a hung candidate reaches the soft limit."""
         soft = 2.0 * policy.budget * groups + self.soft_limit_floor
         return soft, soft + max(5.0, 0.25 * soft)
 
