@@ -233,7 +233,11 @@ class _Run:
         if problem.done or self._published(problem):
             return
         name = self.fleet.queue(problem.target)
+        before = set(problem.results)
         self.queue.extend((t, name) for t in next_tasks(problem, self.policy.budget))
+        for task in problem.tasks:  # groups not sent for lack of budget count as done on the progress bar
+            if task.group in problem.results and task.group not in before:
+                self.advance(problem.target.digest, len(task.candidates))
         if problem.done:
             self._decide(problem)
 

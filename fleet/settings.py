@@ -12,6 +12,7 @@ from typing import Any
 from farm.errors import ConfigError
 from farm.policy import StackPolicy
 from farm.stores.redis import KeyLayout
+from farm_fleet.protocol import PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class Settings(KeyLayout):
         return self.key("worker", worker_id)
 
     def result_key(self, run: str, problem_id: str, group: str) -> str:
-        return self.key("result", run, problem_id, group)
+        """A group's result, under the protocol version that wrote it: a round resumed after an upgrade reruns the
+        groups instead of reading results it cannot parse."""
+        return self.key("result", f"v{PROTOCOL_VERSION}", run, problem_id, group)
 
     def done_key(self, run: str) -> str:
         """List of result keys completed in a run: the coordinator blocks on it instead of polling."""
