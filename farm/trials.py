@@ -50,7 +50,8 @@ class TrialVerdict(enum.Enum):
 
 
 class _Skip(Exception):
-    """A candidate failed during its trials: its verdict and note."""
+    """Raised when a candidate fails during its trials; private: it never leaves :func:`candidate_trials`, which
+    turns it into the candidate's Outcome (verdict and note)."""
 
     def __init__(self, verdict: TrialVerdict, note: str) -> None:
         super().__init__(note)

@@ -77,3 +77,21 @@ def test_a_malformed_error_message_is_a_protocol_error(data: object) -> None:
 def test_from_dict_on_a_subclass_refuses_another_branch() -> None:
     with pytest.raises(ProtocolError):
         TuneFailure.from_dict(ConfigError("s", "f", 1, "p").to_dict())
+
+
+def test_every_exception_class_of_the_product_lives_in_farm_errors_or_is_private() -> None:
+    import ast
+
+    from test_imports import modules
+
+    found = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(
+                isinstance(b, ast.Name) and (b.id.endswith(("Error", "Exception", "Failure")) or b.id == "FarmError")
+                for b in node.bases
+            ):
+                found.append(f"{module}.{node.name}")
+                assert (ast.get_docstring(node) or "").startswith("Raised when "), f"{module}.{node.name}"
+    public = [name for name in found if not name.rsplit(".", 1)[1].startswith("_")]
+    assert public and all(name.startswith("farm.errors.") for name in public), public
