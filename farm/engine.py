@@ -41,7 +41,7 @@ from farm.stores.memory import MemoryStore
 from farm.trials import CandidateReport, Validation, decide, reference_noise
 
 __all__ = [
-    "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
+    "CandidateReport", "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
     "is_tuning", "tuning_scope",
 ]
 
