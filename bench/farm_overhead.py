@@ -25,12 +25,15 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 
 from servers import farm_env, redis_server, start_worker, wait_worker_ready  # noqa: E402
 
-from farm.identity import fields  # noqa: E402
+from farm.identity import CacheKey, Candidate  # noqa: E402
+from farm.policy import AccuracyKey, StackPolicy  # noqa: E402
 from farm.stores.base import DecisionRecord  # noqa: E402
 from farm.stores.redis import RedisDecisions, field_for  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_coordinator.run import tune  # noqa: E402
 from farm_fleet.settings import Settings  # noqa: E402
+
+CANDIDATES = (Candidate("reference"), Candidate("candidate"))
 
 
 def host_catalog(directory: Path) -> Path:
@@ -92,7 +95,8 @@ def main() -> None:
             fp = fleet.targets()[0].fingerprint
             keys = []
             for i in range(1000):
-                key = fields(["farm-stack-key-v1", "operator", f"op{i}", fp, f"workload {i}", "ctx", "0", "m", "acc"])
+                key = CacheKey("operator", f"op{i}", fp, f"workload {i}", "ctx", 0, CANDIDATES,
+                               AccuracyKey.of(StackPolicy())).encode()
                 meta = {"run": "bench", "operation": f"op{i}", "spec": {"n": i}}
                 store.publish(DecisionRecord(key, 1, 0, "candidate", True, 0.8, time.time(), meta), fp)
                 raw = client.hget(settings.decisions_key(store._digest(key)), field_for(key))

@@ -128,7 +128,7 @@ def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None,
             if fingerprint is not None:
                 raise FarmError("--fingerprint applies to --redis; with --into-cache the target is --device's")
             from farm.environment import runtime_environment
-            from farm.runtimes.base import client_for
+            from farm.runtimes import client_for
 
             env = runtime_environment(client_for(device))
             if not env.persistent:

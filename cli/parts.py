@@ -68,7 +68,7 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
 def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
                     kernels: tuple[str, ...]) -> dict[str, Any]:
     """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
-    from farm.runtimes.base import client_for
+    from farm.runtimes import client_for
     from farm_coordinator.dispatch import LocalDispatcher
     from farm_coordinator.fleet import LocalFleet
     from farm_coordinator.sinks import DirectorySink

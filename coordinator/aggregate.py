@@ -1,8 +1,10 @@
 """Aggregation: group results -> one decision, by the same rule and code as the in-process controller
-(``farm.trials.decide`` over ``farm.scoring``)."""
+(``farm.trials.decide`` over ``farm.scoring``). Candidates are matched by name against the cache key's candidate
+list the workers report; nothing here consults the kernel registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +14,9 @@ from farm.policy import StackPolicy
 from farm.scoring import Standing, judge
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
-from farm.trials import CandidateReport, Outcome, decide
+from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
 from farm_coordinator.plan import Problem
-from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
+from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
 META_FIELDS = (
@@ -27,7 +29,8 @@ META_FIELDS = (
 @dataclass(frozen=True)
 class Aggregate:
     """A problem's verdict. ``record`` is None when nothing can be published (every group failed, or
-    validation is unavailable); ``error`` then says why. ``judged`` lists every candidate with its note."""
+    validation is unavailable); ``error`` then says why. ``judged`` lists every candidate with its note.
+    ``budget_exhausted``: the budget or ``max_candidates`` stopped the problem's search early."""
 
     problem: Problem
     record: DecisionRecord | None
@@ -37,6 +40,7 @@ class Aggregate:
     error: str | None
     trial_seconds: float
     winner_worker: str | None = None
+    budget_exhausted: bool = False
 
 
 def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
@@ -53,6 +57,7 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
         return Aggregate(problem, None, (), None, None, "groups disagree on the cache key (mixed builds?)", trial_seconds)
     first = ok[0]
     names = list(first.names)
+    position = {name: i for i, name in enumerate(names)}
     outcomes: dict[int, Outcome] = {}
     worker_of: dict[int, str] = {}
     for r in ok:
@@ -61,14 +66,17 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
             worker_of[o.index] = str(r.provenance.get("worker", ""))
     for r in results:
         if r.status != STATUS_OK:
-            for task in problem.tasks:
-                if task.group == r.group:
-                    for index in task.indices:
-                        pos = names.index(_name(problem, index))
-                        outcomes[pos] = Outcome(pos, names[pos], failure=f"group failed: {r.error}")
-    for impl_index, note in problem.skipped.items():
-        pos = names.index(_name(problem, impl_index))
-        outcomes[pos] = Outcome(pos, names[pos], failure=note)
+            task = next(t for t in problem.tasks if t.group == r.group)
+            not_tried = r.status == STATUS_NOT_TRIED
+            verdict = TrialVerdict.NOT_TRIED if not_tried else TrialVerdict.GROUP_FAILED
+            for name, revision in task.candidates:
+                if name in position and position[name] != 0:
+                    outcomes[position[name]] = Outcome(position[name], name, verdict=verdict, note=str(r.error),
+                                                       budget_exhausted=not_tried, revision=revision)
+    for o in problem.skipped:
+        if o.name in position:
+            outcomes[position[o.name]] = dataclasses.replace(o, index=position[o.name])
+    budget_exhausted = any(o.budget_exhausted for o in outcomes.values())
     selection, judged = decide(0, names, [outcomes[i] for i in sorted(outcomes)], policy)
     winner = selection.index
     ratio_mad = next((j.relative_mad for j in judged if j.index == winner), None)
@@ -101,7 +109,8 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
-    return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds, worker_of.get(winner))
+    return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
+                     worker_of.get(winner), budget_exhausted)
 
 
 TRIAL_FIELDS = ARCHIVE_TRIAL_FIELDS  # the trial row's fields: defined once, with their types, by the archive schema
@@ -121,7 +130,7 @@ def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> li
         base = {"run": r.run, "problem_id": r.problem_id, "group": r.group, "host": p.get("host"),
                 "device": p.get("device"), "worker": p.get("worker"), "attempt": p.get("attempt")}
         role = "confirmation" if r.group == "confirm" else "candidate"
-        if r.status != "ok":
+        if r.status != STATUS_OK:
             rows.append({**base, "role": role, "candidate": None, "candidate_index": None, "verdict": r.status,
                          "note": r.error, "pair": None, "reference_seconds": None, "candidate_seconds": None,
                          "max_abs_error": None, "max_rel_error": None})
@@ -132,12 +141,8 @@ def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> li
                          "verdict": "reference", "note": "reference sample", "pair": i, "reference_seconds": t,
                          "candidate_seconds": None, "max_abs_error": None, "max_rel_error": None})
         for o in r.outcomes:
-            if o.failure is not None:
-                verdict = o.failure.split(":")[0]
-            else:
-                verdict = "passed" if o.verified else "unverified"
             note = o.failure or notes.get(o.name, "")
-            common = {**base, "role": role, "candidate": o.name, "candidate_index": o.index, "verdict": verdict,
+            common = {**base, "role": role, "candidate": o.name, "candidate_index": o.index, "verdict": o.kind.value,
                       "note": note, "max_abs_error": o.max_abs_error, "max_rel_error": o.max_rel_error}
             if not o.pairs:
                 rows.append({**common, "pair": None, "reference_seconds": None, "candidate_seconds": None})
@@ -208,19 +213,12 @@ def unconfirmed(agg: Aggregate, policy: StackPolicy,
     assert agg.record is not None
     r = agg.record
     if policy.require_confirmation:
-        return Aggregate(agg.problem, None, agg.judged, None, None, f"not published: {reason}", agg.trial_seconds,
-                         agg.winner_worker)
+        return dataclasses.replace(agg, record=None, winner=None, ratio=None, error=f"not published: {reason}")
     meta = dict(r.meta, confirmation=reason)
-    return Aggregate(agg.problem, DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio,
-                                                 r.created, meta),
-                     agg.judged, agg.winner, agg.ratio, agg.error, agg.trial_seconds, agg.winner_worker)
+    record = DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta)
+    return dataclasses.replace(agg, record=record)
 
 
 def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: float | None, extra_seconds: float) -> Aggregate:
-    return Aggregate(agg.problem, record, agg.judged, winner, ratio, agg.error, agg.trial_seconds + extra_seconds, agg.winner_worker)
-
-
-def _name(problem: Problem, impl_index: int) -> str:
-    from farm_kernels import registry
-
-    return registry.get(problem.workload.operation).tunable(problem.target.device_kind)[impl_index].name
+    return dataclasses.replace(agg, record=record, winner=winner, ratio=ratio,
+                               trial_seconds=agg.trial_seconds + extra_seconds)

@@ -12,9 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from farm.identity import fields, split_fields
+from farm.identity import CacheKey
 from farm.stores.archive import (
-    ENVIRONMENT_PART,
     Archive,
     ArchiveEntry,
     ArchiveError,
@@ -149,9 +148,7 @@ class Diff:
 def _match_key(entry: ArchiveEntry, without_environment: bool) -> str:
     if not without_environment:
         return entry.key_sha256
-    parts = split_fields(entry.record.cache_key)
-    del parts[ENVIRONMENT_PART]
-    return key_sha256(fields(parts))
+    return key_sha256(CacheKey.decode(entry.record.cache_key).replace(environment="").encode())
 
 
 def diff_archives(a_path: Path | str, b_path: Path | str) -> Diff:

@@ -1,12 +1,20 @@
-"""Expansion: catalog workloads x target fingerprints -> problems, each split into one task per priority group."""
+"""Expansion: catalog workloads x target fingerprints -> problems, each split into one task per priority group.
+
+Tasks name their candidates (name, revision); the coordinator never works with implementation indices. A problem's
+groups run one after the other, each carrying the budget the earlier ones left (:func:`next_tasks`; the rule is
+``farm.search``'s), so the budget bounds the problem's whole search on the farm as in-process.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.search import admit, budget_note
+from farm.trials import Outcome
 from farm_coordinator.catalog import Catalog, Workload
-from farm_fleet.protocol import GroupTask, problem_id
+from farm_fleet.protocol import REFERENCE_GROUP, GroupResult, GroupTask, problem_id
 
 
 @dataclass(frozen=True)
@@ -21,53 +29,52 @@ class Target:
 
 @dataclass
 class Problem:
-    """One problem of a run: its tasks, and the results gathered so far."""
+    """One problem of a run: its tasks (in plan order), the candidates planning refused (``skipped``), the groups
+    sent and not yet answered, and the results gathered so far."""
 
     problem_id: str
     target: Target
     workload: Workload
     tasks: list[GroupTask]
-    skipped: dict[int, str] = field(default_factory=dict)
+    skipped: list[Outcome] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
     confirmation: Any = None
     confirmation_result: Any = None
+    sent: set[str] = field(default_factory=set)
 
     @property
     def done(self) -> bool:
         return len(self.results) == len(self.tasks)
 
+    def revision(self, name: str) -> str:
+        """The revision of a candidate this problem's tasks name (KeyError for another name)."""
+        return dict(c for t in self.tasks for c in t.candidates)[name]
+
 
 def group_tasks(
     run: str, pid: str, target: Target, workload: Workload, catalog: Catalog, policy_dict: dict[str, Any]
-) -> tuple[list[GroupTask], dict[int, str]]:
-    """One task per priority group in plan order; candidates past ``max_candidates`` (the reference counts one)
-    are not dispatched and come back as skip notes keyed by implementation index."""
+) -> tuple[list[GroupTask], list[Outcome]]:
+    """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
+    try (the same rule as in-process: skips and ``max_candidates``); the others come back as Outcomes."""
     from farm_kernels import registry
 
     tunable = registry.get(workload.operation).tunable(target.device_kind)
-    reference = tunable.stack_reference()
-    budget = catalog.policy.max_candidates - 1
+    order = tunable.search_order()  # the cache key's candidate list: the reference first
+    candidates = [tunable[i].candidate() for i in order]
+    admitted, refused = admit(candidates, 0, catalog.policy)
     tasks: list[GroupTask] = []
-    skipped: dict[int, str] = {}
-    for batch in tunable.plan():
-        chosen = []
-        for index in batch:
-            if index == reference:
-                continue
-            if budget <= 0:
-                skipped[index] = f"not tried: max_candidates {catalog.policy.max_candidates} reached"
-                continue
-            budget -= 1
-            chosen.append(index)
-        if chosen:
-            group = f"g{tunable[chosen[0]].group}"
-            tasks.append(GroupTask(run, pid, group, workload.operation, target.device_kind, workload.spec,
-                                   tuple(chosen), policy_dict, target.digest, catalog.kernels))
+    groups: dict[int, list[int]] = {}
+    for position in admitted:
+        groups.setdefault(tunable[order[position]].group, []).append(position)
+    for group, positions in groups.items():
+        chosen = tuple((candidates[p].name, candidates[p].revision) for p in positions)
+        tasks.append(GroupTask(run, pid, f"g{group}", workload.operation, target.device_kind, workload.spec,
+                               chosen, policy_dict, target.digest, catalog.kernels))
     if not tasks:  # only the reference: one task still yields the cache key and its timings
-        assert reference is not None
-        tasks.append(GroupTask(run, pid, "reference", workload.operation, target.device_kind, workload.spec,
-                               (reference,), policy_dict, target.digest, catalog.kernels))
-    return tasks, skipped
+        ref = candidates[0]
+        tasks.append(GroupTask(run, pid, REFERENCE_GROUP, workload.operation, target.device_kind, workload.spec,
+                               ((ref.name, ref.revision),), policy_dict, target.digest, catalog.kernels))
+    return tasks, refused
 
 
 def expand(catalog: Catalog, targets: list[Target], run: str) -> list[Problem]:
@@ -86,3 +93,26 @@ def expand(catalog: Catalog, targets: list[Target], run: str) -> list[Problem]:
             tasks, skipped = group_tasks(run, pid, target, workload, catalog, policy_dict)
             problems.append(Problem(pid, target, workload, tasks, skipped))
     return problems
+
+
+def next_tasks(problem: Problem, budget: float) -> list[GroupTask]:
+    """The group task to send now, carrying the budget the problem's earlier groups left: none while a group is
+    out or when all have results. The first group carries no number (the whole budget, charging its reference
+    timing, as in-process). A group whose turn comes after the budget is spent is not sent: it gets a NOT_TRIED
+    result here."""
+    spent = sum(r.search_seconds for r in problem.results.values())
+    for task in problem.tasks:
+        if task.group in problem.results:
+            continue
+        if task.group in problem.sent:
+            return []
+        if not problem.results:
+            left = None
+        else:
+            left = budget - spent
+            if left <= 0:
+                problem.results[task.group] = GroupResult.not_tried(task, budget_note(budget))
+                continue
+        problem.sent.add(task.group)
+        return [dataclasses.replace(task, budget=left)]
+    return []

@@ -128,15 +128,12 @@ def ratio_ticks(low: float, high: float, most: int = 9) -> list[float]:
 
 def _min_speedup(accuracy_key: str, default: float) -> float:
     """The policy's min_speedup, read back from a record's accuracy key."""
-    from farm.identity import split_fields
+    from farm.policy import AccuracyKey
 
     try:
-        for part in split_fields(accuracy_key):
-            if part.startswith("min_speedup="):
-                return float(part.split("=", 1)[1])
+        return AccuracyKey.decode(accuracy_key).min_speedup
     except ValueError:
-        pass
-    return default
+        return default
 
 
 def render(fingerprints: list[dict[str, Any]], title: str) -> str:

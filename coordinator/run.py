@@ -26,7 +26,7 @@ from rich.table import Table
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
-from farm_coordinator.plan import Problem, Target, expand
+from farm_coordinator.plan import Problem, Target, expand, next_tasks
 from farm_coordinator.sinks import Sink
 from farm_fleet.protocol import GroupResult, GroupTask
 from farm_fleet.settings import Settings
@@ -233,8 +233,21 @@ class _Run:
                 if found is not None:
                     self._on_result(found, reused=True)
         for p in mine:
-            name = self.fleet.queue(p.target)
-            self.queue.extend((t, name) for t in p.tasks if t.group not in p.results)
+            self._queue_next(p)
+
+    def _queue_next(self, problem: Problem) -> None:
+        """Queue the problem's next group (groups run in turn, carrying what is left of the budget); decide the
+        problem when every group has a result."""
+        if problem.done or self._published(problem):
+            return
+        name = self.fleet.queue(problem.target)
+        before = set(problem.results)
+        self.queue.extend((t, name) for t in next_tasks(problem, self.policy.budget))
+        for task in problem.tasks:  # groups not sent for lack of budget count as done on the progress bar
+            if task.group in problem.results and task.group not in before:
+                self.advance(problem.target.digest, len(task.candidates))
+        if problem.done:
+            self._decide(problem)
 
     def _upkeep(self) -> None:
         """Renew our leases, settle problems others decided, take over problems whose holder died, and give up on
@@ -293,9 +306,11 @@ class _Run:
         if not reused:
             self.observed.append(result.trial_seconds)
         task = next(t for t in problem.tasks if t.group == result.group)
-        self.advance(problem.target.digest, len(task.indices))
+        self.advance(problem.target.digest, len(task.candidates))
         if problem.done:
             self._decide(problem)
+        elif not reused:
+            self._queue_next(problem)
 
     def _decide(self, problem: Problem) -> None:
         agg = aggregate(problem, self.policy, self.run)
@@ -331,7 +346,8 @@ class _Run:
             if self.hook is not None:
                 self.hook.problem_done("failed", self.summary.aggregates[-1])
         self.waiting.clear()
-        for task in [*queued, *pending]:
+        unsent = [t for p in self.by_id.values() for t in p.tasks if t.group not in p.results and t.group not in p.sent]
+        for task in [*queued, *pending, *unsent]:
             problem = self.by_id[task.problem_id]
             if self._published(problem):
                 continue
@@ -346,11 +362,8 @@ class _Run:
 def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
     assert agg.record is not None
     base = problem.tasks[0]
-    from farm_kernels import registry
-
-    tunable = registry.get(base.operation).tunable(base.device_kind)
-    impl = next(i for i, impl in enumerate(tunable.implementations) if impl.name == agg.record.name)
-    return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (impl,),
+    winner = (agg.record.name, problem.revision(agg.record.name))
+    return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
                      base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
 
 
@@ -358,7 +371,7 @@ def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
 def _progress(console: Console, problems: list[Problem]) -> Iterator[Any]:
     totals: dict[str, int] = {}
     for p in problems:
-        totals[p.target.digest] = totals.get(p.target.digest, 0) + sum(len(t.indices) for t in p.tasks)
+        totals[p.target.digest] = totals.get(p.target.digest, 0) + sum(len(t.candidates) for t in p.tasks)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
@@ -395,7 +408,7 @@ def summary_table(summary: RunSummary) -> Table:
         if r is None:
             table.add_row(*row, "-", "-", "-", "-", agg.error or "")
             continue
-        lost = sum(1 for c in r.meta.get("candidates", []) if not str(c["note"]).startswith("selected"))
+        lost = sum(1 for c in r.meta.get("candidates", []) if c["name"] != r.name)
         confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
         table.add_row(*row, r.name, f"{r.ratio:.3f}", "yes" if r.verified else "no", confirmation, str(lost))
     return table

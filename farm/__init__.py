@@ -18,14 +18,16 @@ from farm.engine import (
 )
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
-from farm.identity import Candidate, Problem, Scope, cache_key, fields
+from farm.identity import CacheKey, Candidate, Problem, Scope, cache_key, fields
 from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
 from farm.scoring import paired_score
+from farm.trials import TrialVerdict
 from farm.tunable import Implementation, TunableSet
 
 __all__ = [
+    "CacheKey",
     "Candidate",
     "CandidateReport",
     "ComputeClient",
@@ -48,6 +50,7 @@ __all__ = [
     "Timing",
     "Tolerance",
     "TrialRunner",
+    "TrialVerdict",
     "TunableSet",
     "TuneFailure",
     "TuneReport",

@@ -19,7 +19,7 @@ from farm.arrays import OutputCheck, compare_outputs
 from farm.engine import Request, StackTuner, Validation, tuning_scope
 from farm.environment import runtime_environment
 from farm.errors import TuneFailure
-from farm.identity import Candidate, Problem, Scope, fields
+from farm.identity import Candidate, OperationKey, Problem, Scope
 from farm.interference import nvml_throttle_probe
 from farm.policy import MemoryEviction, StackPolicy, Timing, Tolerance
 from farm.runtimes.base import ComputeClient
@@ -175,7 +175,7 @@ def problem_for(name: str, device_id: str, client: ComputeClient, tunable: Tunab
     env = runtime_environment(client)
     return Problem(
         scope=Scope.GRAPH if "fusion" in name else Scope.OPERATOR,
-        operation=fields([name, device_id.partition(":")[0], tunable.checksum()]),
+        operation=OperationKey(name, device_id.partition(":")[0], tunable.checksum()).encode(),
         environment=env.fingerprint,
         workload=tunable.stack_workload(inputs),
         execution_context=env.execution_context,

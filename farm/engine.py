@@ -12,131 +12,41 @@ or a test fake) and stored decisions come from injected stores. The selection or
 
 from __future__ import annotations
 
-import enum
 import logging
 import statistics
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
-from farm.errors import DeviceBusy, FailureKind, TuneFailure
+from farm.decisions import (
+    Decision,
+    DecisionSource,
+    Stats,
+    TrialRunner,
+    TuneReport,
+    is_tuning,
+    tuning_scope,
+)
+from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
-from farm.policy import MemoryEviction, Mode, StackPolicy, Tolerance
+from farm.policy import MemoryEviction, Mode, StackPolicy
 from farm.scoring import valid_seconds
+from farm.search import admit, search
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
-from farm.trials import (
-    CandidateReport,
-    Outcome,
-    ValidationUnavailable,
-    candidate_trials,
-    decide,
-    pre_trial_skip,
-    reference_noise,
-    reference_trials,
-)
+from farm.trials import CandidateReport, Validation, decide, reference_noise
 
 log = logging.getLogger(__name__)
 
-
-class Validation(enum.Enum):
-    """A validation verdict. A wrong output is never UNSUPPORTED: it raises a REJECTED failure."""
-
-    PASSED = "passed"
-    UNSUPPORTED = "unsupported"
-
-
-class DecisionSource(enum.Enum):
-    """Where a decision came from."""
-
-    TUNED = "tuned"
-    MEMORY_CACHE = "memory_cache"
-    DISK_CACHE = "disk_cache"
-    FLEET_CACHE = "fleet_cache"
-    CACHE_MISS = "cache_miss"
-    DISABLED = "disabled"
-    BUSY = "busy"
-    NESTED = "nested"
-    VALIDATION_UNAVAILABLE = "validation_unavailable"
-
-
-class Decision(NamedTuple):
-    """The candidate to run. ``ratio`` is selected/reference median time (1.0 for the reference)."""
-
-    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: a NamedTuple keeps hits cheap
-    reference_index: int
-    name: str
-    source: DecisionSource
-    verified: bool
-    ratio: float
-    cache_key: str
-
-
-class TrialRunner(Protocol):
-    """Runs fenced, exclusive trials of candidates (indices into the candidate list given to ``select``).
-
-    ``validate`` compares a fresh run of ``candidate`` with a fresh run of ``reference``: PASSED, UNSUPPORTED
-    (cannot be checked, e.g. readback above ``tolerance.max_bytes``), or raises TuneFailure REJECTED for a wrong
-    output or an error, DEVICE for a completion failure. ``measure`` returns completed-work seconds (> 0).
-    """
-
-    def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation: ...
-
-    def measure(self, candidate: int) -> float: ...
-
-
-@dataclass(frozen=True)
-class Stats:
-    """Counters since the controller was created."""
-
-    memory_hits: int = 0
-    disk_hits: int = 0
-    fleet_hits: int = 0
-    misses: int = 0
-    busy_fallbacks: int = 0
-    tunes: int = 0
-    cache_warnings: int = 0
-    invalidations: int = 0
-    device_failures: int = 0
-
-
-@dataclass(frozen=True)
-class TuneReport:
-    """One search: what was tried, what won, how long it took (seconds), whether the budget ran out."""
-
-    operation: str
-    environment: str
-    workload: str
-    execution_context: str
-    winner: str
-    elapsed: float
-    budget_exhausted: bool
-    candidates: tuple[CandidateReport, ...]
-
-
-_depth = threading.local()
-
-
-def is_tuning() -> bool:
-    """Whether the calling thread is inside a trial (a nested selection then gets the reference)."""
-    return getattr(_depth, "value", 0) > 0
-
-
-@contextmanager
-def tuning_scope() -> Iterator[None]:
-    """Mark the calling thread as running a trial for the duration of the block."""
-    _depth.value = getattr(_depth, "value", 0) + 1
-    try:
-        yield
-    finally:
-        _depth.value -= 1
+__all__ = [
+    "CandidateReport", "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
+    "is_tuning", "tuning_scope",
+]
 
 
 class Request(NamedTuple):
@@ -364,42 +274,24 @@ class StackTuner:
     def _explore(self, req: Request, runner: TrialRunner) -> Decision:
         policy = self._policy
         started = time.monotonic()
-        deadline = started + policy.budget
         ref = req.reference
         cands = req.candidates
         names = [c.name for c in cands]
+        with self._lock:
+            banned = {name for key, name in self._banned if key == req.key}
+        admitted, refused = admit(cands, ref, policy, banned=banned)
         try:
-            reference_times = reference_trials(runner, policy, ref, names[ref])
+            found = search(runner, policy, ref, cands, admitted, banned=banned)
         except ValidationUnavailable:
             with self._lock:
                 self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        with self._lock:
-            banned = {name for key, name in self._banned if key == req.key}
-        outcomes: list[Outcome] = []
-        skipped: dict[int, str] = {}
-        budget_exhausted = False
-        tried = 1
-        for index, cand in enumerate(cands):
-            if index == ref:
-                continue
-            note = pre_trial_skip(cand, policy, cand.name in banned)
-            if note is None and tried >= policy.max_candidates:
-                note = f"not tried: max_candidates {policy.max_candidates} reached"
-            if note is None and (budget_exhausted or time.monotonic() > deadline):
-                budget_exhausted = True
-                note = f"not tried: budget of {policy.budget:g}s exhausted"
-            if note is not None:
-                skipped[index] = note
-                continue
-            tried += 1
-            outcome = candidate_trials(runner, policy, ref, index, names, deadline)
-            budget_exhausted = budget_exhausted or outcome.budget_exhausted
-            outcomes.append(outcome)
+        outcomes = sorted((*found.outcomes, *refused), key=lambda o: o.index)
+        budget_exhausted = any(o.budget_exhausted for o in outcomes)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
-        reports.update({i: CandidateReport(names[i], 0, None, None, False, note, index=i) for i, note in skipped.items()})
+        reference_times = found.reference_times
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)

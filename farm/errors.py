@@ -1,15 +1,25 @@
-"""The farm's one error vocabulary.
+"""The farm's one error hierarchy, under one root: :class:`FarmError`.
 
-`TuneFailure` carries the controller's failure kinds (the seed's vocabulary). Farm-level errors derive from
-`FarmError`. Every error here can be rebuilt from its arguments (``__reduce__``, for libraries that copy
-exceptions across processes) and round-trips through JSON (``to_dict``/``from_dict``), which is what our own
-protocols use.
+```
+FarmError
+├── TuneFailure (kind: FailureKind)   a selection, trial or runtime operation failed
+├── ConfigError                       a configuration file, catalog or variable is malformed
+├── ProtocolError (also ValueError)   a wire message does not follow the protocol
+├── CorruptRecord                     a stored decision cannot be trusted
+├── ArchiveError                      an archive cannot be written or trusted
+├── ValidationUnavailable             the reference's output cannot be validated
+└── DeviceQuarantined                 a worker's device failed a completion fence
+```
+
+Every error can be rebuilt from its arguments (``__reduce__``, for libraries that copy exceptions across processes)
+and round-trips through JSON: ``error.to_dict()`` and :func:`error_from_dict` (``{"error": class name, ...}``),
+which is what our own protocols use.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, ClassVar
 
 
 class FailureKind(enum.Enum):
@@ -22,27 +32,74 @@ class FailureKind(enum.Enum):
     QUARANTINED = "quarantined"
 
 
+_KINDS: dict[str, type[FarmError]] = {}
+
+
 class FarmError(Exception):
-    """Raised when the farm (not a single tuning decision) cannot do what was asked; root of farm errors."""
+    """Raised when the farm (not a single tuning decision) cannot do what was asked; root of farm errors.
+
+    A subclass with extra constructor arguments lists them in ``fields`` (JSON values) so that it round-trips.
+    """
+
+    fields: ClassVar[tuple[str, ...]] = ("message",)
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        _KINDS[cls.__name__] = cls
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), tuple(getattr(self, f) for f in self.fields))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"error": class name, <field>: value, ...}``: plain JSON."""
+        return {"error": type(self).__name__, **{f: getattr(self, f) for f in self.fields}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FarmError:
+        """Rebuild an error written by :meth:`to_dict` (the class named in it, which must be ``cls`` or below)."""
+        return error_from_dict(data, cls)
+
+    @classmethod
+    def _from_fields(cls, values: list[Any]) -> FarmError:
+        return cls(*values)
+
+
+_KINDS["FarmError"] = FarmError
+
+
+def error_from_dict(data: Any, base: type[FarmError] = FarmError) -> FarmError:
+    """Rebuild any farm error from :meth:`FarmError.to_dict`; ProtocolError for an unknown or malformed one."""
+    if not isinstance(data, dict) or not isinstance(data.get("error"), str):
+        raise ProtocolError(f"an error must be an object with an 'error' class name, got {data!r}")
+    cls = _KINDS.get(data["error"])
+    if cls is None or not issubclass(cls, base):
+        raise ProtocolError(f"unknown error class {data['error']!r} (expected {base.__name__} or a subclass)")
+    missing = [f for f in cls.fields if f not in data]
+    if missing:
+        raise ProtocolError(f"error {data['error']} lacks field {missing[0]!r}")
+    return cls._from_fields([data[f] for f in cls.fields])
 
 
 class TuneFailure(FarmError):
     """Raised when a selection, trial or runtime operation fails; ``kind`` says which class of failure."""
 
+    fields = ("kind", "message")
+
     def __init__(self, kind: FailureKind, message: str) -> None:
-        super().__init__(f"{kind.value}: {message}")
+        Exception.__init__(self, f"{kind.value}: {message}")
         self.kind = kind
         self.message = message
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.kind, self.message))
-
-    def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind.value, "message": self.message}
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "kind": self.kind.value, "message": self.message}
 
     @classmethod
-    def from_dict(cls, data: dict[str, str]) -> TuneFailure:
-        return cls(FailureKind(data["kind"]), data["message"])
+    def _from_fields(cls, values: list[Any]) -> TuneFailure:
+        return cls(FailureKind(values[0]), str(values[1]))
 
     @classmethod
     def invalid(cls, message: str) -> TuneFailure:
@@ -69,12 +126,37 @@ class DeviceBusy(FarmError):
 class ConfigError(FarmError):
     """Raised when a configuration file, catalog or environment variable is malformed; names where and what."""
 
+    fields = ("source", "field", "value", "problem")
+
     def __init__(self, source: str, field: str, value: Any, problem: str) -> None:
-        super().__init__(f"{source}: field {field!r} = {value!r}: {problem}")
+        Exception.__init__(self, f"{source}: field {field!r} = {value!r}: {problem}")
+        self.message = str(self)
         self.source = source
         self.field = field
         self.value = value
         self.problem = problem
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.source, self.field, self.value, self.problem))
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["value"] = repr(self.value) if not isinstance(self.value, (str, int, float, bool, type(None))) else self.value
+        return data
+
+
+class ProtocolError(FarmError, ValueError):
+    """Raised when a message does not follow the protocol (wrong version, missing or mistyped field)."""
+
+
+class CorruptRecord(FarmError):
+    """Raised when a stored record cannot be trusted: unreadable, wrong schema, bad checksum or mismatched key."""
+
+
+class ArchiveError(FarmError):
+    """Raised when an archive cannot be written or trusted; the message names the file, row and field."""
+
+
+class ValidationUnavailable(FarmError):
+    """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
+
+
+class DeviceQuarantined(FarmError):
+    """Raised when a worker's device failed a completion fence: its task must go to another worker."""

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
+from farm.encoding import fields, split_fields
 from farm.errors import TuneFailure
-from farm.policy import StackPolicy
+from farm.policy import AccuracyKey, StackPolicy
+
+__all__ = [
+    "DEFAULT_CONTEXT", "KEY_VERSION", "MAX_CANDIDATES", "MAX_KEY_BYTES", "MAX_NAME_BYTES", "CacheKey", "Candidate",
+    "OperationKey",
+    "Problem", "Scope", "cache_key", "check_request", "fields", "fits_workspace", "key_environment", "manifest",
+    "split_fields",
+]
 
 KEY_VERSION = "farm-stack-key-v1"
 MAX_CANDIDATES = 4096
@@ -50,41 +58,116 @@ class Candidate:
     eligible: bool = True
 
 
-def fields(parts: Iterable[str]) -> str:
-    """Length-delimited encoding ``<len>:<text>`` per part, so ("ab", "c") and ("a", "bc") differ.
-
-    The length counts UTF-8 bytes, so the encoding is unambiguous for any text.
-    """
-    return "".join(f"{len(p.encode())}:{p}" for p in parts)
-
-
-def split_fields(text: str) -> list[str]:
-    """Invert :func:`fields`. Raises ValueError for text that is not a length-delimited encoding."""
-    data = text.encode()
-    parts: list[str] = []
-    at = 0
-    while at < len(data):
-        colon = data.index(b":", at)
-        length = int(data[at:colon])
-        start = colon + 1
-        if length < 0 or start + length > len(data):
-            raise ValueError(f"field at byte {at} runs past the end")
-        parts.append(data[start : start + length].decode())
-        at = start + length
-    return parts
-
-
-def key_environment(key: str) -> str:
-    """The environment fingerprint inside a cache key made by :func:`cache_key`."""
-    return split_fields(key)[3]
-
-
 def manifest(candidates: Sequence[Candidate]) -> str:
     """The ordered candidate manifest: name, revision, workspace estimate and eligibility of each."""
     return fields(
         fields([c.name, c.revision, "-" if c.workspace_bytes is None else str(c.workspace_bytes), str(c.eligible)])
         for c in candidates
     )
+
+
+def decode_manifest(text: str) -> tuple[Candidate, ...]:
+    """The candidates of an encoded manifest (:func:`manifest`); ValueError for a malformed one."""
+    return tuple(_candidate(e) for e in split_fields(text))
+
+
+def _candidate(entry: str) -> Candidate:
+    parts = split_fields(entry)
+    if len(parts) != 4 or parts[3] not in ("True", "False"):
+        raise ValueError(f"manifest entry {entry!r} is not (name, revision, workspace, eligible)")
+    workspace = None if parts[2] == "-" else int(parts[2])
+    return Candidate(parts[0], parts[1], workspace, parts[3] == "True")
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A decision's cache key with named parts. :meth:`encode` gives the stored text (length-delimited fields in
+    this order, byte-identical to every key written so far); :meth:`decode` reads it back. Nothing else in the
+    farm splits a key: read a part by name, change one with :meth:`replace`."""
+
+    scope: str
+    operation: str
+    environment: str
+    workload: str
+    execution_context: str
+    reference: int
+    candidates: tuple[Candidate, ...]
+    accuracy: AccuracyKey
+    version: str = KEY_VERSION
+
+    @classmethod
+    def of(cls, problem: Problem, candidates: Sequence[Candidate], reference: int, policy: StackPolicy) -> CacheKey:
+        return cls(problem.scope.value, problem.operation, problem.environment, problem.workload,
+                   problem.execution_context, reference, tuple(candidates), AccuracyKey.of(policy))
+
+    def encode(self) -> str:
+        return fields(
+            [
+                self.version,
+                self.scope,
+                self.operation,
+                self.environment,
+                self.workload,
+                self.execution_context,
+                str(self.reference),
+                manifest(self.candidates),
+                self.accuracy.encode(),
+            ]
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> CacheKey:
+        """Read an encoded key; ValueError says which part is malformed (any key version is read, so a caller
+        can refuse other versions with its own message)."""
+        parts = split_fields(text)
+        if len(parts) != 9:
+            raise ValueError(f"cache key has {len(parts)} parts, expected 9")
+        version, scope, operation, environment, workload, context, reference, entries, accuracy = parts
+        if not reference.isdigit():
+            raise ValueError(f"cache key reference {reference!r} is not an index")
+        key = cls(scope, operation, environment, workload, context, int(reference),
+                  decode_manifest(entries), AccuracyKey.decode(accuracy), version)
+        if key.encode() != text:
+            raise ValueError("cache key is not in canonical form")
+        return key
+
+    def replace(self, **changes: object) -> CacheKey:
+        """A copy with the named parts changed (e.g. ``environment=`` to move a decision to another fingerprint)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The candidate names in key order (the decision's ``index`` points into them)."""
+        return tuple(c.name for c in self.candidates)
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    """The operation part of a runtime adapter's problem: the operation's name, the device kind and the candidate
+    set's checksum (a device class, never an index). Other callers may use any non-empty operation text."""
+
+    name: str
+    device_kind: str
+    checksum: str
+
+    def encode(self) -> str:
+        return fields([self.name, self.device_kind, self.checksum])
+
+    @classmethod
+    def decode(cls, text: str) -> OperationKey | None:
+        """The parts of an adapter's operation text, or None for operation text of another form."""
+        try:
+            parts = split_fields(text)
+        except ValueError:
+            return None
+        if len(parts) != 3 or not all(parts):
+            return None
+        return cls(*parts)
+
+
+def key_environment(key: str) -> str:
+    """The environment fingerprint inside an encoded cache key."""
+    return CacheKey.decode(key).environment
 
 
 def fits_workspace(candidate: Candidate, policy: StackPolicy) -> bool:
@@ -137,19 +220,7 @@ def cache_key(problem: Problem, candidates: Sequence[Candidate], reference: int,
     Raises INVALID_INPUT for malformed input or a key above 384 KiB.
     """
     check_request(problem, candidates, reference, policy)
-    key = fields(
-        [
-            KEY_VERSION,
-            problem.scope.value,
-            problem.operation,
-            problem.environment,
-            problem.workload,
-            problem.execution_context,
-            str(reference),
-            manifest(candidates),
-            policy.accuracy_key(),
-        ]
-    )
+    key = CacheKey.of(problem, candidates, reference, policy).encode()
     if len(key.encode()) > MAX_KEY_BYTES:
         raise TuneFailure.invalid(f"cache key is {len(key.encode())} bytes, above the limit of {MAX_KEY_BYTES}")
     return key

@@ -16,7 +16,7 @@ from farm.adapter import RuntimeTrials, stack_request
 from farm.engine import Decision, StackTuner, TuneReport
 from farm.errors import TuneFailure
 from farm.policy import Mode, StackPolicy
-from farm.runtimes.base import ComputeClient, client_for
+from farm.runtimes import ComputeClient, client_for
 from farm.tunable import TunableSet
 
 

@@ -7,6 +7,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from farm.encoding import fields, split_fields
 from farm.errors import TuneFailure
 
 
@@ -61,6 +62,68 @@ class Tolerance:
 
 
 DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class AccuracyKey:
+    """The accuracy part of a cache key, with named parts: the policy settings that change what a decision means.
+
+    :meth:`encode` gives the text stored inside cache keys (byte-identical to every key written so far);
+    :meth:`decode` reads it back without positional parsing by callers. ``tolerance`` is (absolute, relative,
+    max_bytes).
+    """
+
+    timing: str
+    require_validation: bool
+    tolerance: tuple[float, float, int]
+    workspace_limit: int | None
+    min_speedup: float
+    max_relative_mad: float
+
+    @classmethod
+    def of(cls, policy: StackPolicy) -> AccuracyKey:
+        t = policy.tolerance
+        # float(): a setting written as 1 or 1.0 (TOML, JSON) means the same thing and must name the same key.
+        return cls(policy.timing.value, policy.require_validation,
+                   (float(t.absolute), float(t.relative), int(t.max_bytes)), policy.workspace_limit,
+                   float(policy.min_speedup), float(policy.max_relative_mad))
+
+    def encode(self) -> str:
+        a, r, m = self.tolerance
+        return fields(
+            [
+                "timing=" + self.timing,
+                f"require_validation={self.require_validation}",
+                f"tolerance={a!r},{r!r},{m}",
+                f"workspace_limit={self.workspace_limit}",
+                f"min_speedup={self.min_speedup!r}",
+                f"max_relative_mad={self.max_relative_mad!r}",
+            ]
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> AccuracyKey:
+        """Read an encoded accuracy key; ValueError names the part that is missing or malformed."""
+        parts: dict[str, str] = {}
+        for part in split_fields(text):
+            name, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"accuracy key part {part!r} is not name=value")
+            parts[name] = value
+        names = ("timing", "require_validation", "tolerance", "workspace_limit", "min_speedup", "max_relative_mad")
+        if tuple(parts) != names:
+            raise ValueError(f"accuracy key has parts {list(parts)}, expected {list(names)}")
+        try:
+            a, r, m = parts["tolerance"].split(",")
+            limit = parts["workspace_limit"]
+            key = cls(parts["timing"], parts["require_validation"] == "True", (float(a), float(r), int(m)),
+                      None if limit == "None" else int(limit), float(parts["min_speedup"]),
+                      float(parts["max_relative_mad"]))
+        except ValueError as e:
+            raise ValueError(f"accuracy key {text!r} is malformed: {e}") from e
+        if key.encode() != text:
+            raise ValueError(f"accuracy key {text!r} is not in canonical form")
+        return key
 
 
 @dataclass(frozen=True)
@@ -160,24 +223,11 @@ class StackPolicy:
         return max(self.samples, min(4 * self.samples + 1, 101))
 
     def accuracy_key(self) -> str:
-        """The policy fields that change what a decision means (the mode is excluded on purpose).
+        """The policy fields that change what a decision means (the mode is excluded on purpose), encoded.
 
         An offline EXPLORE cache therefore serves a CACHE_ONLY deployment with the same accuracy settings.
         """
-        from farm.identity import fields
-
-        t = self.tolerance
-        # float(): a setting written as 1 or 1.0 (TOML, JSON) means the same thing and must name the same key.
-        return fields(
-            [
-                "timing=" + self.timing.value,
-                f"require_validation={self.require_validation}",
-                f"tolerance={float(t.absolute)!r},{float(t.relative)!r},{t.max_bytes}",
-                f"workspace_limit={self.workspace_limit}",
-                f"min_speedup={float(self.min_speedup)!r}",
-                f"max_relative_mad={float(self.max_relative_mad)!r}",
-            ]
-        )
+        return AccuracyKey.of(self).encode()
 
     def replace(self, **changes: object) -> StackPolicy:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -5,21 +5,25 @@ controller (``engine``) and the farm (a worker runs the trials of one group, the
 - :func:`candidate_trials`: warm up, validate against the reference, then PAIRS of (reference, candidate)
   timings alternating which runs first: at least ``samples``, and while the verdict is undecided more, at the
   looks of :func:`farm.scoring.look_sizes`, up to ``max_samples`` and within the budget. A win measured under
-  interference above ``max_disturbed`` is re-measured once. Failures become an :class:`Outcome` with a note.
+  interference above ``max_disturbed`` is re-measured once. Failures become an :class:`Outcome` with a
+  :class:`TrialVerdict` and a note.
 - :func:`decide`: judge every outcome in plan order with :mod:`farm.scoring` and pick the winner: only a decided
   FASTER verdict can win.
+
+The loop over candidates (budget, max_candidates) is :mod:`farm.search`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farm.errors import DeviceBusy, FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, fits_workspace
 from farm.interference import Interference, Probe
 from farm.policy import StackPolicy
@@ -31,18 +35,45 @@ STOP_MAX_SAMPLES = "max_samples"
 STOP_BUDGET = "budget"
 
 
+class Validation(enum.Enum):
+    """A validation verdict. A wrong output is never UNSUPPORTED: it raises a REJECTED failure."""
+
+    PASSED = "passed"
+    UNSUPPORTED = "unsupported"
+
+
+class TrialVerdict(enum.Enum):
+    """What the trials of one candidate came to. The value is the ``verdict`` column of trial rows (archives)."""
+
+    PASSED = "passed"  # timed, output verified
+    UNVERIFIED = "unverified"  # timed, output not verifiable (validation not required)
+    REJECTED = "rejected"  # erred, wrong output, bad timing, or cut off by the budget mid-sampling
+    SKIPPED = "skipped"  # not eligible, workspace, banned, or validation unsupported
+    NOT_TRIED = "not tried"  # max_candidates, budget, or the group task's time limit stopped the search first
+    GROUP_FAILED = "group failed"  # the farm lost the whole group (reference failed, attempts, timeout)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the candidate produced pairs to judge."""
+        return self in (TrialVerdict.PASSED, TrialVerdict.UNVERIFIED)
+
+
 class _Skip(Exception):
-    """A candidate failed during its trials; the message is the note."""
+    """Raised when a candidate fails during its trials; private: it never leaves :func:`candidate_trials`, which
+    turns it into the candidate's Outcome (verdict and note)."""
 
-
-class ValidationUnavailable(Exception):
-    """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
+    def __init__(self, verdict: TrialVerdict, note: str) -> None:
+        super().__init__(note)
+        self.verdict = verdict
+        self.note = note
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What the trials of one candidate produced. ``failure`` is set when it was skipped or rejected; otherwise
-    its ``pairs`` are judged. ``budget_exhausted`` marks a candidate cut off by the budget. ``stop`` says why its
+    """What the trials of one candidate produced: its ``verdict`` (PASSED or UNVERIFIED when timed, from
+    ``verified``, unless given) and a ``note`` saying why when it failed; timed ``pairs`` are judged.
+    ``budget_exhausted`` marks a candidate the budget or max_candidates cut off. ``index`` is its position in the
+    cache key's candidate list; ``name`` and ``revision`` are its implementation identity. ``stop`` says why its
     sampling ended (``decided``, ``max_samples``, ``budget``), ``interference`` what disturbed its pairs, and
     ``remeasured`` whether its pairs are a second sequence, taken after a win measured under interference."""
 
@@ -50,21 +81,40 @@ class Outcome:
     name: str
     pairs: tuple[Pair, ...] = ()
     verified: bool = False
-    failure: str | None = None
+    verdict: TrialVerdict | None = None
+    note: str = ""
     budget_exhausted: bool = False
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     stop: str | None = None
     interference: Interference | None = None
     remeasured: bool = False
+    revision: str = ""
+
+    def __post_init__(self) -> None:
+        if self.verdict is None:
+            object.__setattr__(self, "verdict", TrialVerdict.PASSED if self.verified else TrialVerdict.UNVERIFIED)
+
+    @property
+    def kind(self) -> TrialVerdict:
+        """The verdict (never None after construction)."""
+        assert self.verdict is not None
+        return self.verdict
+
+    @property
+    def failure(self) -> str | None:
+        """``"<verdict>: <note>"`` when the candidate was not timed to the end, else None (the report's note)."""
+        return None if self.kind.timed else f"{self.kind.value}: {self.note}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
             "name": self.name,
+            "revision": self.revision,
             "pairs": [list(p) for p in self.pairs],
             "verified": self.verified,
-            "failure": self.failure,
+            "verdict": self.kind.value,
+            "note": self.note,
             "budget_exhausted": self.budget_exhausted,
             "max_abs_error": self.max_abs_error,
             "max_rel_error": self.max_rel_error,
@@ -75,12 +125,15 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Outcome:
+        """Raises KeyError, TypeError or ValueError (an unknown verdict) for malformed data."""
         return cls(
             index=int(data["index"]),
             name=str(data["name"]),
+            revision=str(data.get("revision", "")),
             pairs=tuple((float(r), float(c)) for r, c in data["pairs"]),
             verified=bool(data["verified"]),
-            failure=data.get("failure"),
+            verdict=TrialVerdict(data["verdict"]),
+            note=str(data.get("note", "")),
             budget_exhausted=bool(data.get("budget_exhausted", False)),
             max_abs_error=data.get("max_abs_error"),
             max_rel_error=data.get("max_rel_error"),
@@ -114,7 +167,7 @@ class CandidateReport:
 
 def seconds(value: float, name: str) -> float:
     if not valid_seconds(value):
-        raise _Skip(f"rejected: {name!r} reported a non-positive or non-finite time ({value!r})")
+        raise _Skip(TrialVerdict.REJECTED, f"{name!r} reported a non-positive or non-finite time ({value!r})")
     return float(value)
 
 
@@ -124,8 +177,6 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
     Raises ValidationUnavailable when its output cannot be checked and validation is required, TuneFailure
     DEVICE for a device failure, and TuneFailure REJECTED when the reference itself fails.
     """
-    from farm.engine import Validation
-
     try:
         for _ in range(policy.warmups):
             seconds(runner.measure(reference), name)
@@ -139,6 +190,8 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
         if isinstance(e, ValidationUnavailable) or e.kind is FailureKind.DEVICE:
             raise
         raise TuneFailure.rejected(f"reference {name!r} failed: {e.message}") from e
+    except _Skip as e:
+        raise TuneFailure.rejected(f"reference {name!r} failed: {e.verdict.value}: {e.note}") from e
     except Exception as e:
         raise TuneFailure.rejected(f"reference {name!r} failed: {type(e).__name__}: {e}") from e
 
@@ -149,11 +202,9 @@ def candidate_trials(
     """Warm up, validate against the reference, then take paired samples alternating which runs first: at least
     ``samples`` pairs, more while the verdict is undecided (up to ``max_samples``, within the budget).
 
-    Returns an Outcome (with ``failure`` set when the candidate erred, was wrong, unverifiable or ran out of
-    budget before ``samples`` pairs). Only a DEVICE failure propagates.
+    Returns an Outcome (verdict REJECTED or SKIPPED with a note when the candidate erred, was wrong,
+    unverifiable or ran out of budget before ``samples`` pairs). Only a DEVICE failure propagates.
     """
-    from farm.engine import Validation
-
     name = names[index]
     pairs: list[Pair] = []
     verified = False
@@ -169,30 +220,30 @@ def candidate_trials(
         # Only this candidate's own comparison: a failure before validation leaves the previous candidate's.
         check = getattr(runner, "last_check", None)
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
-            raise _Skip("skipped: validation unsupported (output readback above tolerance.max_bytes)")
+            raise _Skip(TrialVerdict.SKIPPED, "validation unsupported (output readback above tolerance.max_bytes)")
         verified = verdict is Validation.PASSED
         pairs, stop, interference = _sequence(runner, policy, reference, index, names, deadline)
         if stop is None:
             budget_hit = True
-            raise _Skip(f"rejected: budget of {policy.budget:g}s exhausted during sampling")
+            raise _Skip(TrialVerdict.REJECTED, f"budget of {policy.budget:g}s exhausted during sampling")
         if interference.exceeds(policy.max_disturbed) and assess(pairs, policy).standing is Standing.FASTER:
             # A win measured while something else ran: measure it again, and let the second sequence decide.
             again, again_stop, again_interference = _sequence(runner, policy, reference, index, names, deadline)
             if again_stop is not None:
                 pairs, stop, interference, remeasured = again, again_stop, again_interference, True
-        failure = None
+        verdict_, note = None, ""
     except DeviceBusy:
         raise
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
             raise
-        failure = f"rejected: {e.message}"
+        verdict_, note = TrialVerdict.REJECTED, e.message
     except _Skip as e:
-        failure = str(e)
+        verdict_, note = e.verdict, e.note
     except Exception as e:
-        failure = f"rejected: {type(e).__name__}: {e}"
+        verdict_, note = TrialVerdict.REJECTED, f"{type(e).__name__}: {e}"
     checked = check is not None and check.problem is None
-    return Outcome(index, name, tuple(pairs), verified, failure, budget_hit,
+    return Outcome(index, name, tuple(pairs), verified, verdict_, note, budget_hit,
                    max_abs_error=check.max_abs_error if checked else None,
                    max_rel_error=check.max_rel_error if checked else None,
                    stop=stop, interference=interference, remeasured=remeasured)
@@ -230,13 +281,13 @@ def _sequence(
 
 
 def pre_trial_skip(candidate: Candidate, policy: StackPolicy, banned: bool) -> str | None:
-    """Why a candidate is not tried at all (ineligible, workspace, banned), or None."""
+    """Why a candidate is not tried at all (ineligible, workspace, banned: verdict SKIPPED), or None."""
     if not candidate.eligible:
-        return "skipped: not eligible"
+        return "not eligible"
     if not fits_workspace(candidate, policy):
-        return f"skipped: workspace {candidate.workspace_bytes!r} does not fit limit {policy.workspace_limit}"
+        return f"workspace {candidate.workspace_bytes!r} does not fit limit {policy.workspace_limit}"
     if banned:
-        return "skipped: banned for this key after a failure or regression"
+        return "banned for this key after a failure or regression"
     return None
 
 

@@ -1,8 +1,11 @@
 """What crosses the wire between coordinator and workers: JSON messages with a schema version.
 
-A :class:`GroupTask` asks a worker to run ONE priority group of ONE problem on its device; a
-:class:`GroupResult` brings back, per candidate, the verdict, note, timing pairs and observed errors, plus
-provenance. Both are frozen dataclasses with ``to_dict``/``from_dict``: plain JSON, never a binary object format.
+A :class:`GroupTask` asks a worker to run ONE priority group of ONE problem on its device, naming its candidates
+(name and revision) and the budget the group may spend; a :class:`GroupResult` brings back, per candidate, its
+name, revision, position in the cache key's candidate list, typed verdict (``farm.trials.TrialVerdict``), note,
+timing pairs and observed errors, plus the seconds charged to the budget and provenance. Both are frozen
+dataclasses with ``to_dict``/``from_dict``: plain JSON, never a binary object format. Version 2 replaced
+implementation indices by candidate names and verdict-prefixed notes by a verdict and a note.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.errors import ProtocolError
 from farm.identity import fields
 from farm.stores.base import canonical_json
 from farm.trials import Outcome
 
-PROTOCOL_VERSION = 1
+__all__ = [
+    "GROUP_TASK", "PING_TASK", "PROTOCOL_VERSION", "REFERENCE_GROUP", "STATUS_FAILED", "STATUS_NOT_TRIED", "STATUS_OK",
+    "STATUS_VALIDATION_UNAVAILABLE", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
+]
+
+PROTOCOL_VERSION = 2
 GROUP_TASK = "farm.run_groups"
 PING_TASK = "farm.ping"
 REFERENCE_GROUP = "reference"
@@ -27,10 +36,6 @@ def problem_id(fingerprint_digest: str, operation: str, device_kind: str, checks
     """A stable id for (fingerprint, operation, workload spec, candidate set, accuracy settings)."""
     text = fields([fingerprint_digest, operation, device_kind, checksum, canonical_json(spec), accuracy])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-class ProtocolError(ValueError):
-    """Raised when a message does not follow the protocol (wrong version, missing or mistyped field)."""
 
 
 def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -68,10 +73,26 @@ def _check_version(data: Any) -> dict[str, Any]:
     return data
 
 
+def _candidate(entry: Any) -> tuple[str, str]:
+    if not isinstance(entry, dict):
+        raise ProtocolError(f"message field 'candidates' holds {entry!r}, not an object")
+    return (_require(entry, "name", str), _require(entry, "revision", str))
+
+
+def _budget(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"message field 'budget' = {value!r} has the wrong type")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class GroupTask:
-    """Run the reference and the candidates ``indices`` (implementation indices of the operation's tunable set
-    for ``device_kind``) on one device of fingerprint ``fingerprint``. ``group`` names the group in results."""
+    """Run the reference and ``candidates`` ((name, revision) of implementations of the operation's tunable set
+    for ``device_kind``) on one device of fingerprint ``fingerprint``. ``group`` names the group in results.
+    ``budget``: the seconds this group may spend (None: the policy's whole budget, charging the reference's timing
+    like the first search of a problem; a number: what the problem's earlier groups left, see ``farm.search``)."""
 
     run: str
     problem_id: str
@@ -79,11 +100,16 @@ class GroupTask:
     operation: str
     device_kind: str
     spec: dict[str, Any]
-    indices: tuple[int, ...]
+    candidates: tuple[tuple[str, str], ...]
     policy: dict[str, Any]
     fingerprint: str
     kernels: tuple[str, ...] = ()
     confirm_of: str | None = None
+    budget: float | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.candidates)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,11 +120,12 @@ class GroupTask:
             "operation": self.operation,
             "device_kind": self.device_kind,
             "spec": self.spec,
-            "indices": list(self.indices),
+            "candidates": [{"name": n, "revision": r} for n, r in self.candidates],
             "policy": self.policy,
             "fingerprint": self.fingerprint,
             "kernels": list(self.kernels),
             "confirm_of": self.confirm_of,
+            "budget": self.budget,
         }
 
     @classmethod
@@ -112,23 +139,27 @@ class GroupTask:
             operation=_require(d, "operation", str),
             device_kind=_require(d, "device_kind", str),
             spec=_require(d, "spec", dict),
-            indices=tuple(int(i) for i in _require(d, "indices", list)),
+            candidates=tuple(_candidate(c) for c in _require(d, "candidates", list)),
             policy=_require(d, "policy", dict),
             fingerprint=_require(d, "fingerprint", str),
             kernels=tuple(str(k) for k in d.get("kernels", [])),
             confirm_of=d.get("confirm_of"),
+            budget=_budget(d.get("budget")),
         )
 
 
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 STATUS_VALIDATION_UNAVAILABLE = "validation_unavailable"
+STATUS_NOT_TRIED = "not_tried"  # made by the coordinator, never sent: the budget ran out before the group's turn
 
 
 @dataclass(frozen=True)
 class GroupResult:
     """The trials of one group. ``status`` ok: ``outcomes`` hold every candidate of the group; failed: ``error``
-    says why (the reference failed, attempts exhausted, time limit, device failure)."""
+    says why (the reference failed, attempts exhausted, time limit, device failure). ``names`` is the cache key's
+    candidate list (an outcome's ``index`` points into it). ``search_seconds`` is what the group charged to the
+    problem's budget; ``budget_exhausted`` says the budget stopped it."""
 
     run: str
     problem_id: str
@@ -142,6 +173,8 @@ class GroupResult:
     error: str | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     trial_seconds: float = 0.0
+    search_seconds: float = 0.0
+    budget_exhausted: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +191,8 @@ class GroupResult:
             "error": self.error,
             "provenance": self.provenance,
             "trial_seconds": self.trial_seconds,
+            "search_seconds": self.search_seconds,
+            "budget_exhausted": self.budget_exhausted,
         }
 
     @classmethod
@@ -173,12 +208,28 @@ class GroupResult:
             reference_index=d.get("reference_index"),
             names=tuple(d.get("names", [])),
             reference_times=tuple(float(t) for t in d.get("reference_times", [])),
-            outcomes=tuple(Outcome.from_dict(o) for o in d.get("outcomes", [])),
+            outcomes=_outcomes(d.get("outcomes", [])),
             error=d.get("error"),
             provenance=dict(d.get("provenance", {})),
             trial_seconds=float(d.get("trial_seconds", 0.0)),
+            search_seconds=float(d.get("search_seconds", 0.0)),
+            budget_exhausted=bool(d.get("budget_exhausted", False)),
         )
 
     @classmethod
     def failed(cls, task: GroupTask, error: str, provenance: dict[str, Any] | None = None) -> GroupResult:
         return cls(task.run, task.problem_id, task.group, STATUS_FAILED, error=error, provenance=provenance or {})
+
+    @classmethod
+    def not_tried(cls, task: GroupTask, error: str) -> GroupResult:
+        """The coordinator's result for a group it did not send because the problem's budget was spent."""
+        return cls(task.run, task.problem_id, task.group, STATUS_NOT_TRIED, error=error, budget_exhausted=True)
+
+
+def _outcomes(raw: Any) -> tuple[Outcome, ...]:
+    if not isinstance(raw, list):
+        raise ProtocolError(f"message field 'outcomes' = {raw!r} has the wrong type")
+    try:
+        return tuple(Outcome.from_dict(o) for o in raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"message field 'outcomes' holds a malformed outcome: {e!r}") from e

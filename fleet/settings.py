@@ -12,6 +12,7 @@ from typing import Any
 from farm.errors import ConfigError
 from farm.policy import StackPolicy
 from farm.stores.redis import KeyLayout
+from farm_fleet.protocol import PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class Settings(KeyLayout):
         return self.key("worker", worker_id)
 
     def result_key(self, run: str, problem_id: str, group: str) -> str:
-        return self.key("result", run, problem_id, group)
+        """A group's result, under the protocol version that wrote it: a round resumed after an upgrade reruns the
+        groups instead of reading results it cannot parse."""
+        return self.key("result", f"v{PROTOCOL_VERSION}", run, problem_id, group)
 
     def done_key(self, run: str) -> str:
         """List of result keys completed in a run: the coordinator blocks on it instead of polling."""
@@ -85,8 +88,9 @@ class Settings(KeyLayout):
 
     def time_limits(self, policy: StackPolicy, groups: int = 1) -> tuple[float, float]:
         """(soft, hard) seconds for one task carrying ``groups`` groups: twice the budget per group plus a
-        floor, and a margin on top. A group's trials stop starting new samples at the budget, so only a hung
-        candidate reaches the soft limit."""
+        floor, and a margin on top. A group carries at most the policy's budget (what its problem's earlier groups
+        left: ``farm.search``) and stops starting new samples when it is spent, and its reference timing is bounded
+        like the controller's, so only a hung candidate reaches the soft limit."""
         soft = 2.0 * policy.budget * groups + self.soft_limit_floor
         return soft, soft + max(5.0, 0.25 * soft)
 

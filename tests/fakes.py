@@ -121,10 +121,12 @@ class FakeClock:
 def install_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """Replace the clocks that the engine and the trial protocol read with one FakeClock."""
     import farm.engine
+    import farm.search
     import farm.trials
 
     clock = FakeClock()
     monkeypatch.setattr(farm.engine, "time", clock)
+    monkeypatch.setattr(farm.search, "time", clock)
     monkeypatch.setattr(farm.trials, "time", clock)
     return clock
 

@@ -451,9 +451,11 @@ FINGERPRINT = "8:backend16:device-class-text"
 
 
 def decision(key: str = "key-1") -> DecisionRecord:
-    from farm.identity import fields as key_fields
+    from farm.identity import CacheKey, Candidate
+    from farm.policy import AccuracyKey, StackPolicy
 
-    full = key_fields(["farm-stack-key-v1", "operator", "op", FINGERPRINT, key])
+    full = CacheKey("operator", "op", FINGERPRINT, key, "ctx", 0, (Candidate("ref"), Candidate("fast")),
+                    AccuracyKey.of(StackPolicy())).encode()
     return DecisionRecord(full, 1, 0, "fast", True, 0.5, 100.0, {"run": "r1"})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 from fakes import candidates, problem
@@ -13,15 +14,18 @@ from farm.errors import FailureKind, TuneFailure
 from farm.identity import (
     DEFAULT_CONTEXT,
     MAX_KEY_BYTES,
+    CacheKey,
     Candidate,
+    OperationKey,
     Problem,
     Scope,
     cache_key,
     fields,
     fits_workspace,
+    key_environment,
     manifest,
 )
-from farm.policy import Mode, StackPolicy, Timing, Tolerance
+from farm.policy import AccuracyKey, Mode, StackPolicy, Timing, Tolerance
 
 texts = st.text(max_size=12)
 
@@ -232,3 +236,69 @@ def test_the_default_execution_context_is_isolated_single_device() -> None:
 )
 def test_an_unknown_workspace_estimate_never_fits_an_enabled_limit(workspace: int | None, limit: int | None, fits: bool) -> None:
     assert fits_workspace(Candidate("c", workspace_bytes=workspace), StackPolicy(workspace_limit=limit)) is fits
+
+
+# -- the structured cache key ----------------------------------------------------------------------------------
+
+# Keys written by farm 0.1.0 before CacheKey existed (commit restructure-base): stored records must stay valid.
+OLD_KEYS = (
+    (
+        dict(problem=Problem(Scope.GRAPH, "op-ü", "env:1", "f32[2,3]", "ctx", True),
+             candidates=(Candidate("ref", "1", 0), Candidate("b", "2", 4096, False), Candidate("c:d")), reference=0,
+             policy=StackPolicy(min_speedup=1, tolerance=Tolerance(0, 1e-3, 1024), workspace_limit=8192,
+                                require_validation=False, timing=Timing.DEVICE)),
+        "17:farm-stack-key-v15:graph5:op-ü5:env:18:f32[2,3]3:ctx1:062:17:3:ref1:11:04:True19:1:b1:24:40965:False"
+        "17:3:c:d1:11:-4:True135:13:timing=device24:require_validation=False24:tolerance=0.0,0.001,102420:"
+        "workspace_limit=819215:min_speedup=1.021:max_relative_mad=0.15",
+    ),
+    (
+        dict(problem=Problem(Scope.OPERATOR, "matmul", "env-A", "f32[64,64]"),
+             candidates=(Candidate("ref"), Candidate("a")), reference=1, policy=StackPolicy()),
+        "17:farm-stack-key-v18:operator6:matmul5:env-A10:f32[64,64]22:isolated-single-device1:138:17:3:ref1:11:-4:"
+        "True15:1:a1:11:-4:True146:17:timing=end_to_end23:require_validation=True31:tolerance=0.0001,0.001,"
+        "6710886420:workspace_limit=None16:min_speedup=1.0521:max_relative_mad=0.15",
+    ),
+)
+
+
+@pytest.mark.parametrize(("request_", "text"), OLD_KEYS)
+def test_the_encoded_key_is_byte_identical_to_keys_written_before(request_: dict, text: str) -> None:
+    assert cache_key(**request_) == text
+    key = CacheKey.decode(text)
+    assert key.encode() == text
+    assert key == CacheKey.of(**request_)
+    assert (key.environment, key.workload, key.reference) == (
+        request_["problem"].environment, request_["problem"].workload, request_["reference"])
+    assert key.candidates == tuple(request_["candidates"])
+    assert key.accuracy == AccuracyKey.of(request_["policy"])
+    assert key_environment(text) == request_["problem"].environment
+
+
+def test_a_key_part_is_changed_by_name_and_the_rest_is_kept() -> None:
+    request_, text = OLD_KEYS[1]
+    moved = CacheKey.decode(text).replace(environment="env-B")
+    again = cache_key(**{**request_, "problem": replace(request_["problem"], environment="env-B")})
+    assert moved.encode() == again
+
+
+def test_the_accuracy_key_reads_back_its_named_settings() -> None:
+    policy = StackPolicy(min_speedup=1.25, max_relative_mad=0.5, workspace_limit=10)
+    accuracy = AccuracyKey.decode(policy.accuracy_key())
+    assert (accuracy.min_speedup, accuracy.max_relative_mad, accuracy.workspace_limit) == (1.25, 0.5, 10)
+    assert accuracy.encode() == policy.accuracy_key()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "garbage", fields(["farm-stack-key-v1", "operator"]), OLD_KEYS[1][1].replace("1:138:", "1:x38:"),
+     OLD_KEYS[1][1][:-3]],
+)
+def test_a_malformed_key_is_refused_with_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        CacheKey.decode(text)
+
+
+def test_an_adapter_operation_key_reads_back_its_parts() -> None:
+    op = OperationKey("softmax", "cuda", "abc")
+    assert OperationKey.decode(op.encode()) == op
+    assert OperationKey.decode("matmul") is None

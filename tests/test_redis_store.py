@@ -14,9 +14,11 @@ FINGERPRINT = "8:backend16:device-class-text"
 
 
 def record(key: str = "key-1", *, verified: bool = True, created: float = 100.0, name: str = "fast") -> DecisionRecord:
-    from farm.identity import fields
+    from farm.identity import CacheKey, Candidate
+    from farm.policy import AccuracyKey, StackPolicy
 
-    full = fields(["farm-stack-key-v1", "operator", "op", FINGERPRINT, key])
+    full = CacheKey("operator", "op", FINGERPRINT, key, "ctx", 0, (Candidate("ref"), Candidate("cand")),
+                    AccuracyKey.of(StackPolicy())).encode()
     return DecisionRecord(full, 1, 0, name, verified, 0.5, created, {"run": f"run-{created}"})
 
 

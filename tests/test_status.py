@@ -33,10 +33,12 @@ def test_status_reports_states_queues_decisions_and_runs(redis_srv, redis_db):
                  worker("c", presence.BUSY, now - 60)):
         presence.announce(redis_db, settings, info)
     from farm.environment import fingerprint_digest
-    from farm.identity import fields
+    from farm.identity import CacheKey, Candidate
+    from farm.policy import AccuracyKey, StackPolicy
 
     digest = fingerprint_digest(FP)
-    key = fields(["farm-stack-key-v1", "operator", "op", FP, "w"])
+    key = CacheKey("operator", "op", FP, "w", "ctx", 0, (Candidate("ref"), Candidate("a")),
+                   AccuracyKey.of(StackPolicy())).encode()
     RedisDecisions(client=redis_db, settings=settings).publish(DecisionRecord(key, 1, 0, "x", True, 0.5, now), FP, "p")
     broker = redis_srv.client(0)
     broker.rpush(settings.fingerprint_queue(digest), "m1", "m2")

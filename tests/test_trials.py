@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from farm.interference import Interference
 from farm.policy import StackPolicy
 from farm.trials import (
     Outcome,
+    TrialVerdict,
     ValidationUnavailable,
     candidate_trials,
     decide,
@@ -57,6 +59,7 @@ def test_candidate_trials_collect_reference_candidate_pairs() -> None:
     assert (outcome.pairs, outcome.verified, outcome.failure, outcome.stop) == (
         ((2.0, 1.0), (2.0, 0.5), (2.0, 1.5)), True, None, "max_samples")
     assert outcome.interference is not None and outcome.interference.pairs == 3
+    assert outcome.verdict is TrialVerdict.PASSED
 
 
 def test_pairs_alternate_which_implementation_runs_first() -> None:
@@ -99,7 +102,7 @@ def test_the_budget_ends_extra_sampling_without_rejecting_the_candidate(monkeypa
 
 
 def test_an_outcome_round_trips_through_its_dict_with_its_sampling_record() -> None:
-    outcome = Outcome(1, "a", ((1.0, 0.5),), True, None, False, None, None, "decided", Interference(1, 1, 3, 0, 0.01), True)
+    outcome = Outcome(1, "a", ((1.0, 0.5),), True, None, "", False, None, None, "decided", Interference(1, 1, 3, 0, 0.01), True)
     assert Outcome.from_dict(outcome.to_dict()) == outcome
 
 
@@ -122,12 +125,23 @@ def test_an_outcome_reports_its_own_comparison_errors_not_the_previous_candidate
     a = candidate_trials(runner, FAST, 0, 1, NAMES, NO_DEADLINE)
     b = candidate_trials(runner, FAST, 0, 2, NAMES, NO_DEADLINE)
     assert (a.max_abs_error, a.max_rel_error) == (0.25, 0.5)
-    assert b.failure is not None and (b.max_abs_error, b.max_rel_error) == (None, None)
+    assert b.verdict is TrialVerdict.REJECTED and b.note == "RuntimeError: never validated"
+    assert b.failure == "rejected: RuntimeError: never validated"
+    assert (b.max_abs_error, b.max_rel_error) == (None, None)
 
 
 def test_an_outcome_round_trips_through_its_dict() -> None:
-    outcome = Outcome(2, "b", ((1.0, 0.5), (1.0, 0.25)), True, "rejected: x", True, 1e-6, 1e-5)
-    assert Outcome.from_dict(outcome.to_dict()) == outcome
+    outcome = Outcome(2, "b", ((1.0, 0.5), (1.0, 0.25)), True, TrialVerdict.REJECTED, "x", True, 1e-6, 1e-5, "3")
+    assert Outcome.from_dict(json.loads(json.dumps(outcome.to_dict()))) == outcome
+    assert outcome.to_dict()["verdict"] == "rejected" and outcome.to_dict()["revision"] == "3"
+    timed = Outcome(1, "a", ((1.0, 0.5),), False)
+    assert timed.verdict is TrialVerdict.UNVERIFIED and Outcome.from_dict(timed.to_dict()) == timed
+
+
+def test_an_unknown_verdict_is_refused() -> None:
+    data = Outcome(1, "a", (), False, TrialVerdict.SKIPPED, "not eligible").to_dict()
+    with pytest.raises(ValueError):
+        Outcome.from_dict({**data, "verdict": "maybe"})
 
 
 def test_an_outcome_from_an_older_worker_has_no_sampling_record() -> None:
@@ -141,7 +155,7 @@ def test_decide_picks_the_best_acceptable_outcome_in_plan_order() -> None:
     outcomes = [
         Outcome(1, "a", ((1.0, 0.8),) * 7, True, stop="decided"),
         Outcome(2, "b", ((1.0, 0.4),) * 7, True, stop="decided"),
-        Outcome(3, "c", (), False, "rejected: wrong output"),
+        Outcome(3, "c", (), False, TrialVerdict.REJECTED, "wrong output"),
         Outcome(4, "d", ((1.0, 0.3),) * 3, True, stop="budget"),
     ]
     selection, judged = decide(0, ["ref", "a", "b", "c", "d"], outcomes, StackPolicy())

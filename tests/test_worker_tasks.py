@@ -65,10 +65,10 @@ def context(client=None, **kw) -> WorkerContext:
                          interrupts=(Interrupt,), **kw)
 
 
-def task(ctx: WorkerContext, group: str = "g0", indices=(1,), n: int = 64, **kw) -> dict:
+def task(ctx: WorkerContext, group: str = "g0", names=("doubled",), n: int = 64, **kw) -> dict:
     digest = runtime_environment(ctx.client).digest
-    return GroupTask("round", f"p{n}", group, "worker_test_op", "cpu", {"n": n, "dtype": "float64"}, tuple(indices),
-                     POLICY, digest, **kw).to_dict()
+    return GroupTask("round", f"p{n}", group, "worker_test_op", "cpu", {"n": n, "dtype": "float64"},
+                     tuple((name, "1") for name in names), POLICY, digest, **kw).to_dict()
 
 
 def test_a_group_result_is_stored_once_and_a_redelivery_returns_it_without_running_trials():
@@ -116,12 +116,12 @@ def test_a_task_for_another_fingerprint_is_recorded_failed():
 
 def test_a_batch_stops_after_a_group_whose_candidate_hit_the_time_limit():
     ctx = context()
-    hung = task(ctx, group="g1", indices=(2,), n=70)
-    later = task(ctx, group="g0", indices=(1,), n=71)
+    hung = task(ctx, group="g1", names=("interrupted",), n=70)
+    later = task(ctx, group="g0", names=("doubled",), n=71)
     done = run_groups([hung, later], ctx)
     assert len(done) == 1
     (outcome,) = done[0]["outcomes"]
-    assert "time limit" in outcome["failure"]
+    assert outcome["verdict"] == "rejected" and "time limit" in outcome["note"]
     assert ctx.results.get("round", "p71", "g0") is None  # left for the coordinator to send again
 
 
@@ -129,7 +129,8 @@ def test_trial_outputs_are_checked_against_the_reference_on_this_device():
     ctx = context()
     result = run_group(task(ctx, n=33), ctx)
     (outcome,) = result["outcomes"]
-    assert outcome["verified"] is True and outcome["failure"] is None
+    assert outcome["verified"] is True and (outcome["verdict"], outcome["note"]) == ("passed", "")
+    assert (outcome["name"], outcome["revision"], outcome["index"]) == ("doubled", "1", 1)
     # samples = 3 is the minimum; an undecided verdict takes more pairs at the looks 7, 11 and 13 (max_samples).
     assert len(outcome["pairs"]) in (3, 7, 11, 13) and outcome["stop"] in ("decided", "max_samples")
     assert outcome["interference"]["pairs"] == len(outcome["pairs"])
@@ -148,6 +149,27 @@ def test_a_message_of_another_protocol_version_is_refused_naming_the_field():
     del message["spec"]
     with pytest.raises(ProtocolError, match="'spec' is missing"):
         run_group(message, ctx)
+
+
+def test_a_candidate_the_worker_lacks_or_another_revision_fails_the_group_naming_it():
+    ctx = context()
+    message = task(ctx, names=("missing",), n=40)
+    result = run_group(message, ctx)
+    assert result["status"] == STATUS_FAILED and "'missing'" in result["error"]
+    message = task(ctx, n=41)
+    message["candidates"] = [{"name": "doubled", "revision": "7"}]
+    result = run_group(message, ctx)
+    assert result["status"] == STATUS_FAILED and "revision '7'" in result["error"]
+
+
+def test_a_group_spends_only_the_budget_it_carries():
+    ctx = context()
+    result = run_group(task(ctx, names=("doubled", "interrupted"), n=42, budget=0.0), ctx)
+    doubled, interrupted = result["outcomes"]
+    assert result["budget_exhausted"] is True
+    assert (doubled["verdict"], doubled["note"]) == ("not tried", "budget of 5s exhausted")
+    assert interrupted["verdict"] == "not tried" and interrupted["budget_exhausted"] is True
+    assert doubled["pairs"] == [] and result["search_seconds"] >= 0.0
 
 
 def test_a_spec_the_operation_cannot_build_fails_the_group_naming_the_field():

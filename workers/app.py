@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-from farm.runtimes.base import client_for
+from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
 from farm_fleet.protocol import GROUP_TASK, PING_TASK

@@ -1,9 +1,8 @@
 """The group task: run ONE candidate group of ONE problem on this worker's device, idempotently.
 
 Celery-free on purpose: the Celery task (``farm_workers.app``) and the embedded farm call :func:`run_group` alike.
-For each candidate of the group it runs warmups, validation against the reference and the policy's paired
-alternating samples with the reference, on this same device, through the core's trial protocol
-(``farm.trials``) — the very code the in-process controller uses.
+The group's candidates are searched by ``farm.search.search`` — the very function the in-process controller
+calls — within the budget the task carries (what the problem's earlier groups left), on this same device.
 """
 
 from __future__ import annotations
@@ -17,28 +16,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.adapter import RuntimeTrials, stack_request
-from farm.engine import Validation
 from farm.environment import farm_version, runtime_environment
-from farm.errors import ConfigError, DeviceBusy, FailureKind, TuneFailure
-from farm.identity import cache_key
+from farm.errors import (
+    ConfigError,
+    DeviceBusy,
+    DeviceQuarantined,
+    FailureKind,
+    ProtocolError,
+    TuneFailure,
+    ValidationUnavailable,
+)
+from farm.identity import Candidate, cache_key
 from farm.policy import StackPolicy, Tolerance
 from farm.runtimes.base import ComputeClient
-from farm.trials import Outcome, ValidationUnavailable, candidate_trials, pre_trial_skip, reference_trials
-from farm_fleet.protocol import (
-    STATUS_OK,
-    STATUS_VALIDATION_UNAVAILABLE,
-    GroupResult,
-    GroupTask,
-    ProtocolError,
-)
+from farm.search import search
+from farm.trials import Validation
+from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask
 from farm_fleet.results import MemoryResults, RedisResults
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-class DeviceQuarantined(Exception):
-    """Raised when this worker's device failed a completion fence: the task must go to another worker."""
+__all__ = ["DeviceQuarantined", "GuardedTrials", "WorkerContext", "run_group", "run_groups"]
 
 
 @dataclass
@@ -167,32 +167,37 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     problem, candidates, order = stack_request(operation.name, client.device_kind, client, tunable, inputs)
     key = cache_key(problem, candidates, 0, policy)
     names = [c.name for c in candidates]
+    positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
     common = dict(cache_key=key, reference_index=0, names=tuple(names), provenance=provenance)
+
+    def hit_time_limit() -> str | None:
+        return "the group task hit its time limit" if runner.interrupted else None
+
     try:
-        reference_times = reference_trials(runner, policy, 0, names[0])
+        found = search(runner, policy, 0, candidates, positions, budget=task.budget,
+                       charge_reference=task.budget is None, stop=hit_time_limit)
     except ValidationUnavailable:
         return GroupResult(task.run, task.problem_id, task.group, STATUS_VALIDATION_UNAVAILABLE,
                            trial_seconds=time.monotonic() - started, **common)
-    deadline = time.monotonic() + policy.budget
-    outcomes: list[Outcome] = []
-    for impl_index in task.indices:
-        position = order.index(impl_index)
-        if position == 0:
-            continue
-        skip = pre_trial_skip(candidates[position], policy, banned=False)
-        if skip is None and runner.interrupted:
-            skip = "not tried: the group task hit its time limit"
-        if skip is None and time.monotonic() > deadline:
-            outcomes.append(Outcome(position, names[position], failure=f"not tried: budget of {policy.budget:g}s exhausted", budget_exhausted=True))
-            continue
-        if skip is not None:
-            outcomes.append(Outcome(position, names[position], failure=skip))
-            continue
-        runner.last_check = None
-        outcomes.append(candidate_trials(runner, policy, 0, position, names, deadline))
     ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
-        task.run, task.problem_id, task.group, STATUS_OK, reference_times=tuple(reference_times),
-        outcomes=tuple(outcomes), trial_seconds=time.monotonic() - started, **common,
+        task.run, task.problem_id, task.group, STATUS_OK, reference_times=found.reference_times,
+        outcomes=found.outcomes, trial_seconds=time.monotonic() - started, search_seconds=found.spent,
+        budget_exhausted=found.budget_exhausted, **common,
     )
+
+
+def _positions(task: GroupTask, candidates: list[Candidate]) -> list[int]:
+    """The task's candidates as positions in this worker's candidate list; ValueError for a name this worker's
+    operation lacks or a revision it does not have (mixed builds)."""
+    where = {c.name: i for i, c in enumerate(candidates)}
+    positions = []
+    for name, revision in task.candidates:
+        index = where.get(name)
+        if index is None:
+            raise ValueError(f"task names candidate {name!r}, which {task.operation} on this worker does not have")
+        if candidates[index].revision != revision:
+            raise ValueError(f"task wants {name!r} revision {revision!r}; this worker has {candidates[index].revision!r}")
+        positions.append(index)
+    return positions

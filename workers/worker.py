@@ -23,7 +23,7 @@ from typing import Any
 
 from farm.environment import farm_version, runtime_environment
 from farm.errors import ConfigError
-from farm.runtimes.base import client_for, parse_device
+from farm.runtimes import client_for, parse_device
 from farm.runtimes.host import host_regime, limit_threads
 from farm_fleet import presence
 from farm_fleet.settings import Settings

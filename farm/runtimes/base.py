@@ -56,18 +56,6 @@ def parse_device(device: str) -> tuple[str, int]:
     return kind, int(index)
 
 
-def client_for(device: str) -> ComputeClient:
-    """The client for ``cpu:N`` or ``cuda:N``; a CUDA client without a device raises UNAVAILABLE."""
-    kind, index = parse_device(device)
-    if kind == "cpu":
-        from farm.runtimes.host import HostClient
-
-        return HostClient(index)
-    from farm.runtimes.cuda import CudaClient
-
-    return CudaClient(index)
-
-
 LOCK_DIR_VARIABLE = "FARM_LOCK_DIR"
 
 

@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from farm.errors import CorruptRecord
+
 SCHEMA_VERSION = 1
-
-
-class CorruptRecord(Exception):
-    """Raised when a stored record cannot be trusted: unreadable, wrong schema, bad checksum or mismatched key."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from farm.stores.archive.schema import (
     DECISION_COLUMNS,
     DECISION_FIELDS,
     DECISIONS_FILE,
-    ENVIRONMENT_PART,
     KEY_PARTS,
     MANIFEST_FILE,
     ROW_GROUP_ROWS,
@@ -41,7 +40,7 @@ from farm.stores.base import canonical_json, key_sha256
 
 __all__ = [
     "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",
-    "ENVIRONMENT_PART", "KEY_PARTS", "MANIFEST_FILE", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
+    "KEY_PARTS", "MANIFEST_FILE", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
     "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveStore", "WrittenArchive",
     "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row", "is_archive",
     "key_sha256", "read_archive", "read_manifest", "read_regular", "record_text", "rekey", "swap_directory",

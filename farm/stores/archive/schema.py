@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.errors import FarmError
-from farm.identity import KEY_VERSION, fields, split_fields
+from farm.errors import ArchiveError
+from farm.identity import KEY_VERSION, CacheKey, OperationKey, decode_manifest, manifest
 from farm.stores.base import DecisionRecord, canonical_json, key_sha256
 
 ARCHIVE_SCHEMA_VERSION = 1
@@ -39,7 +39,6 @@ KEY_PARTS = (
     "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
     "manifest", "accuracy_key",
 )
-ENVIRONMENT_PART = KEY_PARTS.index("environment")
 
 # (column, type name, nullable). Types: string, int32, float64, bool.
 DECISION_COLUMNS: tuple[tuple[str, str, bool], ...] = (
@@ -87,10 +86,6 @@ _TRIAL_GETTER = operator.itemgetter(*TRIAL_FIELDS)
 _TRIAL_NONNEGATIVE = ("candidate_index", "pair", "attempt", "reference_seconds", "candidate_seconds",
                       "max_abs_error", "max_rel_error")
 _INT32 = (-(2**31), 2**31 - 1)
-
-
-class ArchiveError(FarmError):
-    """Raised when an archive cannot be written or trusted; the message names the file, row and field."""
 
 
 def _arrow_type(pa: Any, kind: str) -> Any:
@@ -160,33 +155,39 @@ def decision_row(record: DecisionRecord, problem_id: str | None, record_json: st
     that a row agrees with its ``record_json``. Raises ArchiveError for a key that is not a v1 cache key or whose
     winner or reference is not in the key's candidate manifest."""
     key = record.cache_key
-    try:
-        parts = split_fields(key)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ArchiveError(f"cache key is not a length-delimited encoding: {e}") from e
-    if len(parts) != len(KEY_PARTS) or parts[0] != KEY_VERSION:
-        raise ArchiveError(f"cache key is not a {KEY_VERSION} key ({len(parts)} parts, version {parts[0]!r})"
-                           if parts else "cache key is empty")
-    scalars = derived_scalars(record, parts[2], parts[6], parts[7])
+    parts = key_columns(key)
+    scalars = derived_scalars(record, parts["operation_key"], parts["reference_position"], parts["manifest"])
     return {
         "key_sha256": key_sha256(key),
         "cache_key": key,
-        **dict(zip(KEY_PARTS, parts, strict=True)),
+        **parts,
         **dict(zip(SCALAR_COLUMNS, scalars, strict=True)),
         "problem_id": problem_id,
         "record_json": record.to_json() if record_json is None else record_json,
     }
 
 
+def key_columns(key: str) -> dict[str, str]:
+    """The key's parts by column name (``KEY_PARTS``), read through :class:`farm.identity.CacheKey`; ArchiveError
+    for a key that is not a canonical v1 cache key."""
+    try:
+        parsed = CacheKey.decode(key)
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ArchiveError(f"cache key is not a {KEY_VERSION} key: {e}") from e
+    if parsed.version != KEY_VERSION:
+        raise ArchiveError(f"cache key is not a {KEY_VERSION} key (version {parsed.version!r})")
+    return {
+        "key_version": parsed.version, "scope": parsed.scope, "operation_key": parsed.operation,
+        "environment": parsed.environment, "workload": parsed.workload, "execution_context": parsed.execution_context,
+        "reference_position": str(parsed.reference), "manifest": manifest(parsed.candidates),
+        "accuracy_key": parsed.accuracy.encode(),
+    }
+
+
 @functools.lru_cache(maxsize=1024)
 def _operation_parts(operation_key: str) -> tuple[str | None, str | None]:
-    try:  # the runtime adapter's operation key: fields([name, device kind, set checksum])
-        op_parts = split_fields(operation_key)
-    except (ValueError, UnicodeDecodeError):
-        op_parts = []
-    if len(op_parts) == 3 and all(op_parts):
-        return op_parts[0], op_parts[1]
-    return None, None
+    op = OperationKey.decode(operation_key)  # the runtime adapter's operation key, or text of another form
+    return (op.name, op.device_kind) if op is not None else (None, None)
 
 
 def derived_scalars(record: DecisionRecord, operation_key: str, reference_position: str, manifest: str,
@@ -240,8 +241,8 @@ def _number(value: Any) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _manifest_names(manifest: str) -> tuple[str, ...]:
     try:
-        return tuple(split_fields(entry)[0] for entry in split_fields(manifest))
-    except (ValueError, IndexError, UnicodeDecodeError) as e:
+        return tuple(c.name for c in decode_manifest(manifest))
+    except ValueError as e:  # UnicodeDecodeError included
         raise ArchiveError(f"the key's candidate manifest cannot be read: {e}") from e
 
 
@@ -268,16 +269,15 @@ def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
     record rebuilt (so its checksum is right) and its meta gains ``forced_from`` (the old digest); a meta
     ``fingerprint`` digest is updated. Trial rows and the problem id are kept."""
     record = entry.record
-    parts = split_fields(record.cache_key)
-    old = parts[ENVIRONMENT_PART]
+    key = CacheKey.decode(record.cache_key)
+    old = key.environment
     if old == fingerprint:
         return entry
-    parts[ENVIRONMENT_PART] = fingerprint
     meta = dict(record.meta)
     meta["forced_from"] = fingerprint_digest(old)
     if "fingerprint" in meta:
         meta["fingerprint"] = fingerprint_digest(fingerprint)
-    new = DecisionRecord(fields(parts), record.index, record.reference_index, record.name, record.verified,
+    new = DecisionRecord(key.replace(environment=fingerprint).encode(), record.index, record.reference_index, record.name, record.verified,
                          record.ratio, record.created, meta)
     return ArchiveEntry(new, entry.problem_id, entry.trials)
 

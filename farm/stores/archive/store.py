@@ -11,7 +11,7 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.errors import TuneFailure
-from farm.identity import split_fields
+from farm.identity import key_environment
 from farm.stores.archive.reader import (
     archive_folders,
     check_keys,
@@ -19,7 +19,7 @@ from farm.stores.archive.reader import (
     read_manifest,
     verified_bytes,
 )
-from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE, ENVIRONMENT_PART, ArchiveError
+from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE, ArchiveError
 from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256, replaces
 
 log = logging.getLogger(__name__)
@@ -139,12 +139,9 @@ class ArchiveStore:
         digest = self._digests.get(cache_key)
         if digest is None:
             try:
-                parts = split_fields(cache_key)
-            except (ValueError, UnicodeDecodeError):
+                digest = fingerprint_digest(key_environment(cache_key))
+            except ValueError:  # UnicodeDecodeError included
                 return None
-            if len(parts) <= ENVIRONMENT_PART:
-                return None
-            digest = fingerprint_digest(parts[ENVIRONMENT_PART])
             if len(self._digests) > 4096:
                 self._digests.clear()
             self._digests[cache_key] = digest
