@@ -172,7 +172,8 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
         reason = f"confirmation failed: {result.error or 'no outcome'}"
     elif outcome.failure is not None:
         failure = f"confirmation failed: {outcome.failure}"
-        contradicted, reason = (failure, None) if "budget" not in outcome.failure else (None, failure)
+        # Running out of budget there says nothing about the winner; anything else the second device saw does.
+        contradicted, reason = (None, failure) if outcome.budget_exhausted else (failure, None)
     else:
         verdict = judge(outcome.pairs, policy)
         confirmed_ratio = verdict.ratio

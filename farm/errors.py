@@ -8,7 +8,12 @@ FarmError
 ├── CorruptRecord                     a stored decision cannot be trusted
 ├── ArchiveError                      an archive cannot be written or trusted
 ├── ValidationUnavailable             the reference's output cannot be validated
-└── DeviceQuarantined                 a worker's device failed a completion fence
+├── DeviceQuarantined                 a worker's device failed a completion fence
+├── DeviceBusy                        a device's lock cannot be taken (the reference runs: BUSY)
+└── CudaToolError                     NVRTC or the cubin reader cannot do their job
+    ├── NvrtcUnavailable (RuntimeError)   libnvrtc cannot be loaded
+    ├── NvrtcError (RuntimeError)         NVRTC rejected a program
+    └── CubinError (ValueError)           bytes that are not a readable cubin
 ```
 
 Every error can be rebuilt from its arguments (``__reduce__``, for libraries that copy exceptions across processes)
@@ -160,3 +165,19 @@ class ValidationUnavailable(FarmError):
 
 class DeviceQuarantined(FarmError):
     """Raised when a worker's device failed a completion fence: its task must go to another worker."""
+
+
+class CudaToolError(FarmError):
+    """Raised when the CUDA build tools the farm checks kernels with (NVRTC, the cubin reader) cannot do their job."""
+
+
+class NvrtcUnavailable(CudaToolError, RuntimeError):
+    """Raised when libnvrtc cannot be found or loaded."""
+
+
+class NvrtcError(CudaToolError, RuntimeError):
+    """Raised when NVRTC rejects a program; the message carries the program's log."""
+
+
+class CubinError(CudaToolError, ValueError):
+    """Raised when bytes are not a cubin the reader understands."""

@@ -86,10 +86,10 @@ class Outcome:
     budget_exhausted: bool = False
     max_abs_error: float | None = None
     max_rel_error: float | None = None
+    revision: str = ""
     stop: str | None = None
     interference: Interference | None = None
     remeasured: bool = False
-    revision: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict is None:

@@ -12,7 +12,7 @@ import pytest
 from farm.interference import Interference
 from farm.policy import StackPolicy
 from farm.stores.base import DecisionRecord
-from farm.trials import CandidateReport, Outcome
+from farm.trials import CandidateReport, Outcome, TrialVerdict
 from farm_coordinator.aggregate import Aggregate, confirm, unconfirmed
 from farm_fleet.protocol import STATUS_FAILED, STATUS_OK, GroupResult
 
@@ -31,7 +31,10 @@ def first_verdict() -> Aggregate:
 
 def second(pairs: tuple[tuple[float, float], ...] = FAST_PAIRS, *, failure: str | None = None, verified: bool = True,
            key: str = KEY, status: str = STATUS_OK, interference: Interference | None = None) -> GroupResult:
-    outcome = Outcome(1, "fast", pairs, verified, failure, interference=interference)
+    if failure is None:
+        outcome = Outcome(1, "fast", pairs, verified, interference=interference)
+    else:
+        outcome = Outcome(1, "fast", (), verified, TrialVerdict.REJECTED, failure, budget_exhausted="budget" in failure)
     return GroupResult("run", "p", "confirm", status, cache_key=key, names=("ref", "fast"), outcomes=(outcome,),
                        error=None if status == STATUS_OK else "worker died", provenance={"worker": "w2"})
 
@@ -51,7 +54,7 @@ def test_a_reproduced_win_is_confirmed() -> None:
         (second(((1.0, 0.3), (1.0, 0.9)) * 3 + ((1.0, 0.5),)), "did not decide a win"),  # undecided: noisy
         (second(key="other"), "different cache key"),
         (second(status=STATUS_FAILED), "worker died"),
-        (second(failure="rejected: budget of 1s exhausted during sampling"), "budget"),
+        (second(failure="budget of 1s exhausted during sampling"), "budget"),
         (second(interference=Interference(7, 7, 40, 0, 0.3)), "under interference"),
     ],
 )
@@ -70,7 +73,7 @@ def test_when_confirmation_is_required_an_unreproduced_win_is_not_published() ->
     ("result", "reason"),
     [
         (second(((1.0, 1.0),) * 7), "too slow"),  # decided not faster there
-        (second(failure="rejected: wrong output"), "wrong output"),
+        (second(failure="wrong output"), "wrong output"),
         (second(verified=False), "not verified"),
     ],
 )

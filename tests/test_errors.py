@@ -13,9 +13,14 @@ from farm.errors import (
     ArchiveError,
     ConfigError,
     CorruptRecord,
+    CubinError,
+    CudaToolError,
+    DeviceBusy,
     DeviceQuarantined,
     FailureKind,
     FarmError,
+    NvrtcError,
+    NvrtcUnavailable,
     ProtocolError,
     TuneFailure,
     ValidationUnavailable,
@@ -31,6 +36,11 @@ EXAMPLES = [
     ArchiveError("decisions.parquet row 3: field 'ratio'"),
     ValidationUnavailable("ref"),
     DeviceQuarantined("cpu:0 failed a fence"),
+    DeviceBusy("cpu:0: lock held by another user"),
+    CudaToolError("nvrtc"),
+    NvrtcUnavailable("libnvrtc.so.12 not found"),
+    NvrtcError("softmax.cu(3): error: expected a ;"),
+    CubinError("not an ELF file"),
 ]
 
 

@@ -75,7 +75,8 @@ def test_a_search_that_does_not_charge_the_reference_starts_its_budget_after_it(
 REF_COST = 0.125
 CAND_COST = 0.0625
 BUDGET = 2.5
-POLICY = StackPolicy(warmups=1, samples=3, budget=BUDGET, max_relative_mad=1e9)
+# max_samples = samples: a fixed number of pairs per candidate keeps the budget arithmetic exact.
+POLICY = StackPolicy(warmups=1, samples=3, max_samples=3, budget=BUDGET, max_relative_mad=1e9)
 # The longest stretch between two budget checks: a candidate's warmup and validation (or one pair).
 ONE_TRIAL = CAND_COST + (REF_COST + CAND_COST)
 
@@ -143,7 +144,7 @@ def in_process(op: Operation) -> tuple[dict[str, tuple[int, str]], float, bool]:
 def on_the_farm(op: Operation, tmp_path: Path) -> tuple[dict[str, tuple[int, str]], list[GroupResult], bool]:
     catalog_path = tmp_path / "catalog.toml"
     catalog_path.write_text(
-        "[policy]\nwarmups = 1\nsamples = 3\nbudget = 2.5\nmax_relative_mad = 1e9\n"
+        "[policy]\nwarmups = 1\nsamples = 3\nmax_samples = 3\nbudget = 2.5\nmax_relative_mad = 1e9\n"
         '[[problems]]\noperation = "budget_test_op"\nworkloads = [{ n = 16, dtype = "float64" }]\n'
     )
     catalog = load_catalog(catalog_path)

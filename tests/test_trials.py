@@ -102,7 +102,8 @@ def test_the_budget_ends_extra_sampling_without_rejecting_the_candidate(monkeypa
 
 
 def test_an_outcome_round_trips_through_its_dict_with_its_sampling_record() -> None:
-    outcome = Outcome(1, "a", ((1.0, 0.5),), True, None, "", False, None, None, "decided", Interference(1, 1, 3, 0, 0.01), True)
+    outcome = Outcome(1, "a", ((1.0, 0.5),), True, stop="decided", interference=Interference(1, 1, 3, 0, 0.01),
+                      remeasured=True)
     assert Outcome.from_dict(outcome.to_dict()) == outcome
 
 

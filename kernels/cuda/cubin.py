@@ -21,6 +21,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from farm.errors import CubinError
+
 EIATTR_MAX_THREADS = 0x05
 EIATTR_FRAME_SIZE = 0x11
 EIATTR_REGCOUNT = 0x2F
@@ -56,10 +58,6 @@ class KernelResources:
     shared: int  # static shared memory, bytes
     frame: int  # stack frame (local memory) per thread, bytes
     max_threads: int | None  # from __launch_bounds__, None without
-
-
-class CubinError(ValueError):
-    """The bytes are not a cubin this reader understands."""
 
 
 def architecture(cubin: bytes) -> int:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.errors import NvrtcError, NvrtcUnavailable
 from farm_kernels.cuda import CudaProgram
 
 # What cupy/cuda/compiler.py appends to a RawModule's options for an architecture NVRTC can target directly.
@@ -26,14 +27,6 @@ LIBRARY_ENV = "FARM_NVRTC_LIBRARY"
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
-
-
-class NvrtcUnavailable(RuntimeError):
-    """libnvrtc cannot be found or loaded."""
-
-
-class NvrtcError(RuntimeError):
-    """NVRTC rejected a program (the message carries the program's log)."""
 
 
 def library_path() -> str | None:
