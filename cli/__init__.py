@@ -19,9 +19,28 @@ from farm.errors import FarmError
 from farm_fleet.settings import Settings
 
 KERNELS_HELP = "Import operations from this module (repeatable); also discovered: the farm.kernels entry points."
+# Modules of the optional extras (pyproject.toml) -> the extra that installs them.
+EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging": "farm", "pyarrow": "farm",
+                 "flower": "farm", "tornado": "farm", "cupy": "cuda"}
 
 
-@click.group()
+class _FarmGroup(click.Group):
+    """A missing optional dependency is one line naming the install command, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as error:
+            module = (error.name or "").partition(".")[0]
+            if module not in EXTRA_MODULES:
+                raise
+            extra = EXTRA_MODULES[module]
+            click.echo(f"farm: error: this command needs {module}, which is not installed: "
+                       f"pip install 'tuning-farm[{extra}]'", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_FarmGroup)
 @click.version_option(package_name="tuning-farm")
 def main() -> None:
     """A distributed kernel-autotuning farm: tune once per GPU model, reuse everywhere."""
@@ -212,14 +231,16 @@ def archive() -> None:
 
 @contextlib.contextmanager
 def _archive_errors() -> Iterator[None]:
-    """Farm errors, and an unreachable Redis or unwritable directory, as one line and exit status 2."""
-    import redis
-
+    """Farm errors, and an unreachable Redis or unwritable directory, as one line and exit status 2. Commands that
+    need only files never import redis (it is an optional extra): its errors are caught only once it is loaded."""
     with _errors():
         try:
             yield
-        except (redis.RedisError, OSError) as error:
-            raise FarmError(f"{type(error).__name__}: {error}") from error
+        except Exception as error:
+            redis = sys.modules.get("redis")
+            if isinstance(error, OSError) or (redis is not None and isinstance(error, redis.RedisError)):
+                raise FarmError(f"{type(error).__name__}: {error}") from error
+            raise
 
 
 def _archive_redis(url: str) -> Any:
