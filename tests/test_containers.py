@@ -33,7 +33,7 @@ from servers import free_port, wait_for
 from farm_fleet import presence
 from farm_fleet.settings import Settings
 
-pytestmark = pytest.mark.containers
+pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]  # a first build downloads every wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

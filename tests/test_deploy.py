@@ -306,35 +306,79 @@ class Dockerfile:
 
 
 @pytest.mark.parametrize("name", ["worker.Dockerfile", "coordinator.Dockerfile"])
-def test_each_dockerfile_installs_the_project_from_the_repository_runs_as_non_root_and_has_a_health_check(name):
+def test_each_dockerfile_installs_locked_dependencies_below_the_source_runs_as_non_root_and_has_a_health_check(name):
     dockerfile = Dockerfile.read(DOCKER / name)
     user = dockerfile.all("USER")[-1]
     assert user not in ("root", "0") and not user.startswith("0:"), user
     (check,) = dockerfile.all("HEALTHCHECK")
-    assert "CMD" in check
+    assert "CMD" in check and "--version" not in check, "a health check must test something real"
+    assert re.search(r"docker/\S+-healthcheck\.sh", " ".join(dockerfile.all("COPY")))
     copied = " ".join(dockerfile.all("COPY"))
-    for part in ("pyproject.toml", "farm", "kernels", "workers", "coordinator"):
+    for part in ("pyproject.toml", "farm", "kernels", "workers", "coordinator", "fleet", "cli"):
         assert re.search(rf"(^|\s){part}(\s|$)", copied), f"{name} does not copy {part} from the repository"
-    installs = [run for run in dockerfile.all("RUN") if re.search(r"pip install .*\"/src\[farm", run)]
-    assert installs, f"{name} does not pip install the project (/src[farm...])"
-    # USER comes after the install: the installed files belong to root, the process does not.
     order = [w for w, _ in dockerfile.instructions]
-    assert order.index("USER") > max(i for i, (w, r) in enumerate(dockerfile.instructions) if r in installs)
+    runs = [(i, r) for i, (w, r) in enumerate(dockerfile.instructions) if w == "RUN"]
+    # Dependencies: only from hashed lock files, in a layer below the first COPY of the source.
+    deps = [i for i, r in runs if re.search(r"pip install --require-hashes --no-deps -r \S+\.lock", r)]
+    project = [i for i, r in runs if re.search(r"pip install --no-deps --no-build-isolation /src(\s|$)", r)]
+    assert deps and len(project) == 1, f"{name}: locked dependencies, then the project without resolution"
+    first_source = next(i for i, (w, r) in enumerate(dockerfile.instructions) if w == "COPY" and "/src/farm" in r)
+    assert max(deps) < first_source < project[0]
+    # No download of Python itself (uv python install) and no unpinned resolution of dependencies.
+    text = " ".join(r for _, r in runs)
+    assert "uv python" not in text and not re.search(r"pip install [^&]*\[farm", text)
+    # USER comes after the install: the installed files belong to root, the process does not.
+    assert order.index("USER") > project[0]
 
 
-def test_the_worker_image_pairs_a_cuda_12_runtime_base_with_the_cupy_cuda12x_wheel():
-    dockerfile = Dockerfile.read(DOCKER / "worker.Dockerfile")
-    bases = [dockerfile.resolve(f.split()[0]) for f in dockerfile.all("FROM")]
-    cuda = [b for b in bases if b.startswith("nvidia/cuda:")]
-    assert len(cuda) == 1 and bases[-1] == cuda[0]
-    m = re.fullmatch(r"nvidia/cuda:(\d+)\.\d+(\.\d+)?-runtime-\S+", cuda[0])
-    assert m, cuda[0]
-    assert any("[farm,cuda]" in run for run in dockerfile.all("RUN"))
+@pytest.mark.parametrize(("name", "arg"), [("worker.Dockerfile", "CUDA_IMAGE"), ("coordinator.Dockerfile", "PYTHON_IMAGE")])
+def test_each_dockerfile_takes_its_base_image_from_a_build_argument_that_compose_passes(name, arg):
+    dockerfile = Dockerfile.read(DOCKER / name)
+    assert dockerfile.all("FROM") == [f"${{{arg}}}"], "one stage, its base from the build argument"
+    assert not any(line.startswith("# syntax=") for line in (DOCKER / name).read_text().splitlines()), (
+        "a # syntax= line makes BuildKit pull the dockerfile frontend")
+    args = {service: s["build"].get("args", {}) for service, s in services().items()
+            if s.get("build", {}).get("dockerfile") == f"docker/{name}"}
+    assert args and all(arg in a for a in args.values()), args
+
+
+def lock_pins(name: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\$",
+                                                 (ROOT / "requirements" / name).read_text(), re.M))
+
+
+@pytest.mark.parametrize(("lock", "extras"), [("farm.lock", ("farm",)), ("cuda.lock", ("farm", "cuda")),
+                                              ("cuda13.lock", ("farm", "cuda13"))])
+def test_each_lock_pins_every_requirement_within_the_declared_range_with_hashes(lock, extras):
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(req.startswith(f"cupy-cuda{m[1]}x") for req in extras["cuda"]), extras["cuda"]
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = lock_pins(lock)
+    text = (ROOT / "requirements" / lock).read_text()
+    assert text.count("==") == len(pins) and text.count("--hash=sha256:") >= len(pins), "every pin has hashes"
+    wanted = list(project["dependencies"]) + [r for e in extras for r in project["optional-dependencies"][e]]
+    for requirement in map(Requirement, wanted):
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{lock} lacks {name}: regenerate it with python3 tools/dev.py lock"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]} outside {requirement}"
+    assert "packaging" in pins and "async-timeout" in pins  # kombu's Redis transport; redis-py on Python < 3.11.3
+    assert "setuptools" in lock_pins("build.lock")
+
+
+def test_the_worker_image_pairs_a_cuda_12_runtime_base_with_the_cupy_cuda12x_lock():
+    dockerfile = Dockerfile.read(DOCKER / "worker.Dockerfile")
+    base = dockerfile.args["CUDA_IMAGE"]
+    m = re.fullmatch(r"nvidia/cuda:(\d+)\.\d+(\.\d+)?-runtime-\S+", base)
+    assert m, base
+    assert dockerfile.args["LOCK"] == "requirements/cuda.lock"
+    assert any(name == f"cupy-cuda{m[1]}x" for name in lock_pins("cuda.lock"))
+    assert any(name == "cupy-cuda13x" for name in lock_pins("cuda13.lock"))
+    assert not any(name.startswith("cupy") for name in lock_pins("farm.lock"))
     assert "worker-healthcheck.sh" in " ".join(dockerfile.all("COPY")) + dockerfile.all("HEALTHCHECK")[0]
+    worker = raw_compose()["x-worker"]["build"]["args"]
+    assert worker["CUDA_IMAGE"].endswith(f":-{base}}}") and worker["LOCK"].endswith(":-requirements/cuda.lock}")
 
 
 def test_the_coordinator_image_has_no_cuda():
@@ -591,3 +635,51 @@ def test_a_worker_and_the_coordinator_run_through_the_acl_users_and_an_inference
             assert found is not None and found.to_dict() == published["record"]
         finally:
             reader.client.close()
+
+
+# ------------------------------------------------------------------------------------------------ dependencies
+
+
+def floors() -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return dict(pin.split("==") for pin in dev.floor_pins())
+
+
+def test_the_floors_cover_the_features_used_and_agree_with_kombus_own_requirements():
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pins = floors()
+    assert {"celery", "kombu", "redis", "pyarrow", "flower", "numpy", "click", "rich"} <= set(pins)
+    if "unacked_restore_interval" in (ROOT / "fleet" / "celeryconf.py").read_text():
+        assert Version(pins["kombu"]) >= Version("5.7"), "kombu 5.6 has no unacked_restore_interval option"
+    extra = [Requirement(r) for r in importlib.metadata.requires("kombu") or [] if 'extra == "redis"' in r]
+    redis_range = next(r.specifier for r in extra if r.name == "redis")
+    assert redis_range.contains(pins["redis"]), f"redis floor {pins['redis']} outside kombu[redis]'s {redis_range}"
+    assert {r.name for r in extra} >= {"redis", "packaging"}
+    import tomllib
+
+    farm_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["farm"]
+    assert any(r.startswith("celery[redis]") for r in farm_extra), "kombu's Redis transport needs the redis extra"
+
+
+def test_python_dash_m_farm_runs_the_cli_while_importing_the_core_loads_no_fleet_package(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "farm", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 0 and "version 0.1.0" in done.stdout, done.stderr
+    # farm/__main__.py is an entry point (run by `python -m farm`, never by `import farm`): the core's own modules
+    # load no fleet package, celery, kombu or flower.
+    code = ("import pkgutil, importlib, sys, farm\n"
+            "for m in pkgutil.walk_packages(farm.__path__, 'farm.'):\n"
+            "    if m.name != 'farm.__main__': importlib.import_module(m.name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('farm_fleet', 'farm_workers', "
+            "'farm_coordinator', 'farm_cli', 'celery', 'kombu', 'flower')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
