@@ -225,4 +225,16 @@ def test_the_catalog_completes_in_containers_despite_a_killed_worker_and_survive
     stack.docker("kill", stack.container("redis-decisions"))
     stack.compose("up", "-d", "--wait", "--wait-timeout", "120", "redis-decisions", timeout=180)
     # Polled: the restart policy may already have restarted it, and a loading server answers LOADING for a moment.
-    wait_for(lambda: stack.decisions() == before, 60, "every decision back after the restart")
+    seen: dict[str, Any] = {}
+
+    def restored() -> bool:
+        seen["after"] = stack.decisions()
+        return bool(seen["after"] == before)
+
+    try:
+        wait_for(restored, 60, "every decision back after the restart")
+    except BaseException:
+        after = seen.get("after", {})
+        logs = stack.compose("logs", "--no-color", "--tail", "30", "redis-decisions", check=False).stdout
+        print({k: len(v) for k, v in before.items()}, {k: len(v) for k, v in after.items()}, logs, sep="\n")
+        raise

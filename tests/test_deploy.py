@@ -432,6 +432,7 @@ class AclRedis:
     acl_file: Path
     writer: Credentials
     reader: Credentials | None
+    pid: int = 0
 
     def url(self, who: Credentials | None = None, db: int = 0) -> str:
         who = who or self.writer
@@ -469,7 +470,7 @@ def acl_redis(conf: str, directory: Path, reader: bool, prefix: str = "farm",
              "--dir", str(directory), "--daemonize", "no", *extra],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    server = AclRedis(port, directory, directory / "acl" / "users.acl", writer, readonly)
+    server = AclRedis(port, directory, directory / "acl" / "users.acl", writer, readonly, process.pid)
     try:
         def ready() -> bool:
             if process.poll() is not None:
@@ -683,3 +684,24 @@ def test_python_dash_m_farm_runs_the_cli_while_importing_the_core_loads_no_fleet
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.servers
+def test_published_decisions_survive_a_sigkill_of_the_decisions_redis_through_its_append_only_file(tmp_path):
+    """FCALL farm_publish reaches the append-only file as a MULTI/EXEC block, replayed as the default user: the
+    entrypoint must leave that (disabled) user the permissions to replay it."""
+    import signal
+
+    settings = Settings()
+    # appendfsync always: each write is on disk when it returns (everysec would need a wait; the replay is the same).
+    with acl_redis("decisions.conf", tmp_path, reader=False, extra=("--appendfsync", "always")) as server, \
+            server.client() as writer:
+        store = RedisDecisions(client=writer, settings=settings)
+        records = [decision(f"key-{i}") for i in range(3)]
+        for i, record in enumerate(records):
+            assert store.publish(record, FINGERPRINT, f"p{i}") == (True, "new")
+        os.kill(server.pid, signal.SIGKILL)  # no shutdown save: only the append-only file remains
+    with acl_redis("decisions.conf", tmp_path, reader=False) as server, server.client() as writer:
+        store = RedisDecisions(client=writer, settings=settings)
+        assert [store.get(r.cache_key) for r in records] == records
+        assert "NOPERM" not in (tmp_path / "redis.log").read_text()
