@@ -118,8 +118,16 @@ def filled_env() -> dict[str, str]:
     return {**read_env_file(ROOT / ".env.example"), **FILLED}
 
 
-def raw_compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+class ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's merge tags (compose.cpu.yaml uses `!reset`)."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_object(node))
+
+
+def raw_compose(name: str = "compose.yaml") -> dict[str, Any]:
+    return yaml.load((ROOT / name).read_text(), Loader=ComposeLoader)
 
 
 def compose(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -170,7 +178,7 @@ def test_the_compose_file_follows_the_compose_specification():
 
 
 def test_every_variable_the_compose_file_uses_is_documented_in_env_example_and_no_other():
-    used = variables_in(raw_compose())
+    used = variables_in(raw_compose()) | variables_in(raw_compose("compose.cpu.yaml"))
     documented = set(read_env_file(ROOT / ".env.example"))
     assert used - documented == set(), "used in compose.yaml but missing from .env.example"
     assert documented - used == set(), "documented in .env.example but unused by compose.yaml"
@@ -705,3 +713,14 @@ def test_published_decisions_survive_a_sigkill_of_the_decisions_redis_through_it
         store = RedisDecisions(client=writer, settings=settings)
         assert [store.get(r.cache_key) for r in records] == records
         assert "NOPERM" not in (tmp_path / "redis.log").read_text()
+
+
+def test_the_cpu_override_drops_every_gpu_reservation_and_runs_the_workers_on_cpu0_from_the_cuda_free_lock():
+    override = raw_compose("compose.cpu.yaml")["services"]
+    assert set(override) == set(workers())
+    for name, service in override.items():
+        assert "deploy" in service and service["deploy"] is None, f"{name}: deploy: !reset null"
+        assert service["command"] == ["farm", "worker", "--device", "cpu:0"]
+        assert service["build"]["args"]["LOCK"] == "requirements/farm.lock"
+        assert service["build"]["dockerfile"] == "docker/worker.Dockerfile"
+        assert service["healthcheck"]["test"][-1] == "cpu:0"
