@@ -32,6 +32,27 @@ Environment variables (the options' defaults):
 """
 
 
+# Modules of the optional extras (pyproject.toml) -> the extra that installs them.
+EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging": "farm", "pyarrow": "farm",
+                 "flower": "farm", "tornado": "farm", "cupy": "cuda"}
+
+
+class _FarmGroup(click.Group):
+    """A missing optional dependency is one line naming the install command, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as error:
+            module = (error.name or "").partition(".")[0]
+            if module not in EXTRA_MODULES:
+                raise
+            extra = EXTRA_MODULES[module]
+            click.echo(f"farm: error: this command needs {module}, which is not installed: "
+                       f"pip install 'tuning-farm[{extra}]'", err=True)
+            sys.exit(2)
+
+
 def _broker(required: bool = False, **kw: Any) -> Any:
     return click.option("--broker", envvar="FARM_BROKER_URL", show_envvar=True, required=required, **kw)
 
@@ -52,7 +73,7 @@ def _console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
-@click.group(epilog=ENVIRONMENT)
+@click.group(cls=_FarmGroup, epilog=ENVIRONMENT)
 @click.version_option(package_name="tuning-farm")
 def main() -> None:
     """A distributed kernel-autotuning farm: tune once per GPU model, reuse everywhere."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,16 @@ def archive() -> None:
 
 @contextlib.contextmanager
 def _archive_errors() -> Iterator[None]:
-    """Farm errors, and an unreachable Redis or unwritable directory, as one line and exit status 2."""
-    import redis
-
+    """Farm errors, and an unreachable Redis or unwritable directory, as one line and exit status 2. Commands that
+    need only files never import redis (it is an optional extra): its errors are caught only once it is loaded."""
     with errors():
         try:
             yield
-        except (redis.RedisError, OSError) as error:
-            raise FarmError(f"{type(error).__name__}: {error}") from error
+        except Exception as error:
+            redis = sys.modules.get("redis")
+            if isinstance(error, OSError) or (redis is not None and isinstance(error, redis.RedisError)):
+                raise FarmError(f"{type(error).__name__}: {error}") from error
+            raise
 
 
 def _archive_redis(url: str) -> Any:

@@ -68,8 +68,11 @@ umask 077
 mkdir -p "$(dirname "$acl_file")"
 tmp="$acl_file.tmp.$$"
 {
-    # Nobody can log in as (or fall back to) the default user.
-    echo "user default off resetpass resetkeys resetchannels -@all"
+    # Nobody can log in as (or fall back to) the default user: it is off and has no password. Its permissions stay
+    # +@all on purpose: Redis replays the append-only file as the default user, and EXEC re-checks that user's ACL
+    # (redis/redis#14541, fixed by #14545 in later releases), so with -@all every MULTI/EXEC in the file -- each
+    # farm_publish of a decision -- would be silently dropped at the next start (tests/test_containers.py found it).
+    echo "user default off resetpass resetkeys ~* resetchannels &* +@all"
     # Everything the farm, kombu and Celery use (hashes, strings, lists, sets, sorted sets, streams, pub/sub,
     # MULTI/EXEC, EVAL/FCALL, FUNCTION LOAD, SCAN, BLPOP/BRPOP...), nothing that reconfigures or wipes the server.
     echo "user $writer_user on resetpass #$(sha256 "$writer_password") resetkeys ~* resetchannels &* +@all -@admin -@dangerous"

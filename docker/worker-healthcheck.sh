@@ -3,7 +3,7 @@
 # fresh (a heartbeat every FARM_HEARTBEAT_SECONDS) and is not quarantined after a device failure.
 # Usage: worker-healthcheck.sh [DEVICE]  (default cuda:0, the device `farm worker` was given).
 # Reads FARM_REDIS_URL, FARM_PREFIX and FARM_HEARTBEAT_SECONDS like the worker; PYTHON names the interpreter.
-exec "${PYTHON:-python}" - "${1:-cuda:0}" <<'PY'
+exec "${PYTHON:-python3}" - "${1:-cuda:0}" <<'PY'
 import socket
 import sys
 import time

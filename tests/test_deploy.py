@@ -118,8 +118,16 @@ def filled_env() -> dict[str, str]:
     return {**read_env_file(ROOT / ".env.example"), **FILLED}
 
 
-def raw_compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+class ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's merge tags (compose.cpu.yaml uses `!reset`)."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+ComposeLoader.add_constructor("!override", lambda loader, node: loader.construct_object(node))
+
+
+def raw_compose(name: str = "compose.yaml") -> dict[str, Any]:
+    return yaml.load((ROOT / name).read_text(), Loader=ComposeLoader)
 
 
 def compose(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -170,7 +178,7 @@ def test_the_compose_file_follows_the_compose_specification():
 
 
 def test_every_variable_the_compose_file_uses_is_documented_in_env_example_and_no_other():
-    used = variables_in(raw_compose())
+    used = variables_in(raw_compose()) | variables_in(raw_compose("compose.cpu.yaml"))
     documented = set(read_env_file(ROOT / ".env.example"))
     assert used - documented == set(), "used in compose.yaml but missing from .env.example"
     assert documented - used == set(), "documented in .env.example but unused by compose.yaml"
@@ -306,35 +314,79 @@ class Dockerfile:
 
 
 @pytest.mark.parametrize("name", ["worker.Dockerfile", "coordinator.Dockerfile"])
-def test_each_dockerfile_installs_the_project_from_the_repository_runs_as_non_root_and_has_a_health_check(name):
+def test_each_dockerfile_installs_locked_dependencies_below_the_source_runs_as_non_root_and_has_a_health_check(name):
     dockerfile = Dockerfile.read(DOCKER / name)
     user = dockerfile.all("USER")[-1]
     assert user not in ("root", "0") and not user.startswith("0:"), user
     (check,) = dockerfile.all("HEALTHCHECK")
-    assert "CMD" in check
+    assert "CMD" in check and "--version" not in check, "a health check must test something real"
+    assert re.search(r"docker/\S+-healthcheck\.sh", " ".join(dockerfile.all("COPY")))
     copied = " ".join(dockerfile.all("COPY"))
-    for part in ("pyproject.toml", "farm", "kernels", "workers", "coordinator"):
+    for part in ("pyproject.toml", "farm", "kernels", "workers", "coordinator", "fleet", "cli"):
         assert re.search(rf"(^|\s){part}(\s|$)", copied), f"{name} does not copy {part} from the repository"
-    installs = [run for run in dockerfile.all("RUN") if re.search(r"pip install .*\"/src\[farm", run)]
-    assert installs, f"{name} does not pip install the project (/src[farm...])"
-    # USER comes after the install: the installed files belong to root, the process does not.
     order = [w for w, _ in dockerfile.instructions]
-    assert order.index("USER") > max(i for i, (w, r) in enumerate(dockerfile.instructions) if r in installs)
+    runs = [(i, r) for i, (w, r) in enumerate(dockerfile.instructions) if w == "RUN"]
+    # Dependencies: only from hashed lock files, in a layer below the first COPY of the source.
+    deps = [i for i, r in runs if re.search(r"pip install --require-hashes --no-deps -r \S+\.lock", r)]
+    project = [i for i, r in runs if re.search(r"pip install --no-deps --no-build-isolation /src(\s|$)", r)]
+    assert deps and len(project) == 1, f"{name}: locked dependencies, then the project without resolution"
+    first_source = next(i for i, (w, r) in enumerate(dockerfile.instructions) if w == "COPY" and "/src/farm" in r)
+    assert max(deps) < first_source < project[0]
+    # No download of Python itself (uv python install) and no unpinned resolution of dependencies.
+    text = " ".join(r for _, r in runs)
+    assert "uv python" not in text and not re.search(r"pip install [^&]*\[farm", text)
+    # USER comes after the install: the installed files belong to root, the process does not.
+    assert order.index("USER") > project[0]
 
 
-def test_the_worker_image_pairs_a_cuda_12_runtime_base_with_the_cupy_cuda12x_wheel():
-    dockerfile = Dockerfile.read(DOCKER / "worker.Dockerfile")
-    bases = [dockerfile.resolve(f.split()[0]) for f in dockerfile.all("FROM")]
-    cuda = [b for b in bases if b.startswith("nvidia/cuda:")]
-    assert len(cuda) == 1 and bases[-1] == cuda[0]
-    m = re.fullmatch(r"nvidia/cuda:(\d+)\.\d+(\.\d+)?-runtime-\S+", cuda[0])
-    assert m, cuda[0]
-    assert any("[farm,cuda]" in run for run in dockerfile.all("RUN"))
+@pytest.mark.parametrize(("name", "arg"), [("worker.Dockerfile", "CUDA_IMAGE"), ("coordinator.Dockerfile", "PYTHON_IMAGE")])
+def test_each_dockerfile_takes_its_base_image_from_a_build_argument_that_compose_passes(name, arg):
+    dockerfile = Dockerfile.read(DOCKER / name)
+    assert dockerfile.all("FROM") == [f"${{{arg}}}"], "one stage, its base from the build argument"
+    assert not any(line.startswith("# syntax=") for line in (DOCKER / name).read_text().splitlines()), (
+        "a # syntax= line makes BuildKit pull the dockerfile frontend")
+    args = {service: s["build"].get("args", {}) for service, s in services().items()
+            if s.get("build", {}).get("dockerfile") == f"docker/{name}"}
+    assert args and all(arg in a for a in args.values()), args
+
+
+def lock_pins(name: str) -> dict[str, str]:
+    return dict(m.groups() for m in re.finditer(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\$",
+                                                 (ROOT / "requirements" / name).read_text(), re.M))
+
+
+@pytest.mark.parametrize(("lock", "extras"), [("farm.lock", ("farm",)), ("cuda.lock", ("farm", "cuda")),
+                                              ("cuda13.lock", ("farm", "cuda13"))])
+def test_each_lock_pins_every_requirement_within_the_declared_range_with_hashes(lock, extras):
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert any(req.startswith(f"cupy-cuda{m[1]}x") for req in extras["cuda"]), extras["cuda"]
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = lock_pins(lock)
+    text = (ROOT / "requirements" / lock).read_text()
+    assert text.count("==") == len(pins) and text.count("--hash=sha256:") >= len(pins), "every pin has hashes"
+    wanted = list(project["dependencies"]) + [r for e in extras for r in project["optional-dependencies"][e]]
+    for requirement in map(Requirement, wanted):
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{lock} lacks {name}: regenerate it with python3 tools/dev.py lock"
+        assert requirement.specifier.contains(pins[name]), f"{lock}: {name}=={pins[name]} outside {requirement}"
+    assert "packaging" in pins and "async-timeout" in pins  # kombu's Redis transport; redis-py on Python < 3.11.3
+    assert "setuptools" in lock_pins("build.lock")
+
+
+def test_the_worker_image_pairs_a_cuda_12_runtime_base_with_the_cupy_cuda12x_lock():
+    dockerfile = Dockerfile.read(DOCKER / "worker.Dockerfile")
+    base = dockerfile.args["CUDA_IMAGE"]
+    m = re.fullmatch(r"nvidia/cuda:(\d+)\.\d+(\.\d+)?-runtime-\S+", base)
+    assert m, base
+    assert dockerfile.args["LOCK"] == "requirements/cuda.lock"
+    assert any(name == f"cupy-cuda{m[1]}x" for name in lock_pins("cuda.lock"))
+    assert any(name == "cupy-cuda13x" for name in lock_pins("cuda13.lock"))
+    assert not any(name.startswith("cupy") for name in lock_pins("farm.lock"))
     assert "worker-healthcheck.sh" in " ".join(dockerfile.all("COPY")) + dockerfile.all("HEALTHCHECK")[0]
+    worker = raw_compose()["x-worker"]["build"]["args"]
+    assert worker["CUDA_IMAGE"].endswith(f":-{base}}}") and worker["LOCK"].endswith(":-requirements/cuda.lock}")
 
 
 def test_the_coordinator_image_has_no_cuda():
@@ -388,6 +440,7 @@ class AclRedis:
     acl_file: Path
     writer: Credentials
     reader: Credentials | None
+    pid: int = 0
 
     def url(self, who: Credentials | None = None, db: int = 0) -> str:
         who = who or self.writer
@@ -425,7 +478,7 @@ def acl_redis(conf: str, directory: Path, reader: bool, prefix: str = "farm",
              "--dir", str(directory), "--daemonize", "no", *extra],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    server = AclRedis(port, directory, directory / "acl" / "users.acl", writer, readonly)
+    server = AclRedis(port, directory, directory / "acl" / "users.acl", writer, readonly, process.pid)
     try:
         def ready() -> bool:
             if process.poll() is not None:
@@ -593,3 +646,83 @@ def test_a_worker_and_the_coordinator_run_through_the_acl_users_and_an_inference
             assert found is not None and found.to_dict() == published["record"]
         finally:
             reader.client.close()
+
+
+# ------------------------------------------------------------------------------------------------ dependencies
+
+
+def floors() -> dict[str, str]:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return dict(pin.split("==") for pin in dev.floor_pins())
+
+
+def test_the_floors_cover_the_features_used_and_agree_with_kombus_own_requirements():
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pins = floors()
+    assert {"celery", "kombu", "redis", "pyarrow", "flower", "numpy", "click", "rich"} <= set(pins)
+    if "unacked_restore_interval" in (ROOT / "fleet" / "celeryconf.py").read_text():
+        assert Version(pins["kombu"]) >= Version("5.7"), "kombu 5.6 has no unacked_restore_interval option"
+    extra = [Requirement(r) for r in importlib.metadata.requires("kombu") or [] if 'extra == "redis"' in r]
+    redis_range = next(r.specifier for r in extra if r.name == "redis")
+    assert redis_range.contains(pins["redis"]), f"redis floor {pins['redis']} outside kombu[redis]'s {redis_range}"
+    assert {r.name for r in extra} >= {"redis", "packaging"}
+    import tomllib
+
+    farm_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["farm"]
+    assert any(r.startswith("celery[redis]") for r in farm_extra), "kombu's Redis transport needs the redis extra"
+
+
+def test_python_dash_m_farm_runs_the_cli_while_importing_the_core_loads_no_fleet_package(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "farm", "--version"], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 0 and "version 0.1.0" in done.stdout, done.stderr
+    # farm/__main__.py is an entry point (run by `python -m farm`, never by `import farm`): the core's own modules
+    # load no fleet package, celery, kombu or flower.
+    code = ("import pkgutil, importlib, sys, farm\n"
+            "for m in pkgutil.walk_packages(farm.__path__, 'farm.'):\n"
+            "    if m.name != 'farm.__main__': importlib.import_module(m.name)\n"
+            "print(sorted(n for n in sys.modules if n.split('.')[0] in ('farm_fleet', 'farm_workers', "
+            "'farm_coordinator', 'farm_cli', 'celery', 'kombu', 'flower')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.servers
+def test_published_decisions_survive_a_sigkill_of_the_decisions_redis_through_its_append_only_file(tmp_path):
+    """FCALL farm_publish reaches the append-only file as a MULTI/EXEC block, replayed as the default user: the
+    entrypoint must leave that (disabled) user the permissions to replay it."""
+    import signal
+
+    settings = Settings()
+    # appendfsync always: each write is on disk when it returns (everysec would need a wait; the replay is the same).
+    with acl_redis("decisions.conf", tmp_path, reader=False, extra=("--appendfsync", "always")) as server, \
+            server.client() as writer:
+        store = RedisDecisions(client=writer, settings=settings)
+        records = [decision(f"key-{i}") for i in range(3)]
+        for i, record in enumerate(records):
+            assert store.publish(record, FINGERPRINT, f"p{i}") == (True, "new")
+        os.kill(server.pid, signal.SIGKILL)  # no shutdown save: only the append-only file remains
+    with acl_redis("decisions.conf", tmp_path, reader=False) as server, server.client() as writer:
+        store = RedisDecisions(client=writer, settings=settings)
+        assert [store.get(r.cache_key) for r in records] == records
+        assert "NOPERM" not in (tmp_path / "redis.log").read_text()
+
+
+def test_the_cpu_override_drops_every_gpu_reservation_and_runs_the_workers_on_cpu0_from_the_cuda_free_lock():
+    override = raw_compose("compose.cpu.yaml")["services"]
+    assert set(override) == set(workers())
+    for name, service in override.items():
+        assert "deploy" in service and service["deploy"] is None, f"{name}: deploy: !reset null"
+        assert service["command"] == ["farm", "worker", "--device", "cpu:0"]
+        assert service["build"]["args"]["LOCK"] == "requirements/farm.lock"
+        assert service["build"]["dockerfile"] == "docker/worker.Dockerfile"
+        assert service["healthcheck"]["test"][-1] == "cpu:0"

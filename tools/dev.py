@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Set up the project and run it: ``python3 tools/dev.py demo`` or ``python3 tools/dev.py test``.
 
+``python3 tools/dev.py test --lowest [pytest args]`` runs the floors job instead: a second environment
+(``.venv-lowest``) with every direct dependency pinned to the floor pyproject.toml declares, and the tests in
+``LOWEST_TESTS`` (or the given ones) run in it.
+
 Needs only Python 3.11+ and the system package manager: it creates ``.venv``, installs the farm with its
 development extras, installs ``redis-server`` with apt-get when tests need it and it is missing, then runs.
 Standard library only, on purpose.
@@ -9,9 +13,11 @@ Standard library only, on purpose.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +59,95 @@ def ensure_venv() -> None:
         stamp.write_text(want)
 
 
+# -- the floors job (issue 14): every direct dependency at its declared floor ----------------------------------
+
+LOWEST_VENV = ROOT / ".venv-lowest"
+# A representative subset, to fit CI time: every place where the floors matter (Celery/kombu transport options and
+# redelivery, redis-py, pyarrow archives, Flower, the CLI) with real servers and workers; the pure-logic rest of the
+# suite does not touch a third-party API that changed between the floors and the latest versions.
+LOWEST_TESTS = [
+    "tests/test_farm_fleet.py",
+    "tests/test_farm_recovery.py",
+    "tests/test_redis_store.py",
+    "tests/test_archive.py",
+    "tests/test_flower.py",
+    "tests/test_worker_tasks.py",
+    "tests/test_kernels_host.py",
+]
+REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$")
+
+
+def floor_pins(pyproject: Path = ROOT / "pyproject.toml", extras: tuple[str, ...] = ("farm",)) -> list[str]:
+    """``name==floor`` for every direct dependency (core and ``extras``) that declares a ``>=`` floor."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    requirements = list(project["dependencies"])
+    for extra in extras:
+        requirements += project["optional-dependencies"][extra]
+    pins: dict[str, str] = {}
+    for requirement in requirements:
+        m = REQUIREMENT.match(requirement.split(";")[0])
+        if m is None:
+            sys.exit(f"dev.py: {pyproject.name}: cannot read the requirement {requirement!r}")
+        name, spec = m[1].lower().replace("_", "-"), m[3]
+        if name == project["name"]:
+            continue
+        floor = re.search(r">=\s*([^,\s]+)", spec)
+        if floor is None:
+            sys.exit(f"dev.py: {pyproject.name}: {requirement!r} declares no floor (name>=version)")
+        pins[name] = f"{name}=={floor[1]}"
+    return sorted(pins.values())
+
+
+def ensure_lowest_venv() -> Path:
+    """.venv-lowest with the project installed against its floors (reinstalled when pyproject.toml changes)."""
+    python = LOWEST_VENV / "bin" / "python"
+    constraints = LOWEST_VENV / "floors.txt"
+    pins = "\n".join(floor_pins()) + "\n"
+    if not python.exists():
+        run(sys.executable, "-m", "venv", str(LOWEST_VENV))
+    if not constraints.exists() or constraints.read_text() != pins:
+        print("floors:", " ".join(pins.split()), flush=True)
+        run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip")
+        tmp = constraints.with_suffix(".tmp")
+        tmp.write_text(pins)
+        run(str(python), "-m", "pip", "install", "-q", "-c", str(tmp), "-e", f"{ROOT}[dev]")
+        tmp.replace(constraints)
+    return python
+
+
+def test_lowest(rest: list[str]) -> int:
+    ensure_redis()
+    python = ensure_lowest_venv()
+    run(str(python), "-c", "import importlib.metadata as m; print(' '.join(f'{d}=={m.version(d)}' for d in "
+        "('numpy', 'click', 'rich', 'celery', 'kombu', 'redis', 'pyarrow', 'flower')))")
+    args = [a for a in rest if a.startswith("-")]
+    paths = [a for a in rest if not a.startswith("-")] or LOWEST_TESTS
+    return subprocess.call([str(python), "-m", "pytest", *args, *paths])
+
+
+# -- lock files of the images (issue 14) -----------------------------------------------------------------------
+
+LOCKS = {"farm.lock": ("farm",), "cuda.lock": ("farm", "cuda"), "cuda13.lock": ("farm", "cuda13")}
+
+
+def lock() -> int:
+    """Regenerate requirements/*.lock (exact versions and hashes for Python 3.11 on Linux) with pip-compile."""
+    if sys.version_info[:2] != (3, 11):
+        sys.exit("dev.py lock: run it with Python 3.11 (the images' Python): the locks resolve for the running one")
+    tools = ROOT / ".venv-tools"
+    if not (tools / "bin" / "pip-compile").exists():
+        run(sys.executable, "-m", "venv", str(tools))
+        run(str(tools / "bin" / "python"), "-m", "pip", "install", "-q", "--upgrade", "pip", "pip-tools")
+    for name, extras in LOCKS.items():
+        run(str(tools / "bin" / "pip-compile"), "-q", "--generate-hashes", "--allow-unsafe", "--strip-extras",
+            "--no-emit-index-url", "--no-emit-find-links", "--upgrade", *(f"--extra={e}" for e in extras),
+            f"--output-file=requirements/{name}", "pyproject.toml", "requirements/common.in")
+    run(str(tools / "bin" / "pip-compile"), "-q", "--generate-hashes", "--allow-unsafe", "--strip-extras",
+        "--no-emit-index-url", "--no-emit-find-links", "--upgrade", "--output-file=requirements/build.lock",
+        "requirements/build.in")
+    return 0
+
+
 def ensure_redis() -> None:
     if shutil.which("redis-server") is None:
         apt_install("redis-server")
@@ -63,8 +158,10 @@ def main(argv: list[str]) -> int:
     rest = argv[1:]
     if command == "gpu-check":  # its own environment (.venv-gpu): a GPU machine may have no package index
         return subprocess.call([sys.executable, str(ROOT / "tools" / "gpu_check.py"), *rest])
-    ensure_venv()
     os.chdir(ROOT)
+    if command == "test" and "--lowest" in rest:
+        return test_lowest([a for a in rest if a != "--lowest"])
+    ensure_venv()
     if command == "demo":
         return subprocess.call([str(BIN / "farm"), "tune", "examples/catalog.toml", *rest])
     if command == "test":
@@ -72,12 +169,14 @@ def main(argv: list[str]) -> int:
         run(str(BIN / "ruff"), "check", ".")
         run(str(BIN / "mypy"))
         return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest])
+    if command == "lock":
+        return lock()
     if command == "bench":
         code = 0
         for script in sorted((ROOT / "bench").glob("*.py")):
             code |= subprocess.call([str(BIN / "python"), str(script), *rest])
         return code
-    sys.exit(f"dev.py: unknown command {command!r} (demo, test, bench, gpu-check)")
+    sys.exit(f"dev.py: unknown command {command!r} (demo, test, test --lowest, lock, bench, gpu-check)")
 
 
 if __name__ == "__main__":

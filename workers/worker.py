@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from farm.environment import farm_version, runtime_environment
-from farm.errors import ConfigError
+from farm.errors import ConfigError, FarmError
 from farm.runtimes import client_for, parse_device
 from farm.runtimes.host import host_regime, limit_threads
 from farm_fleet import presence
@@ -102,9 +102,17 @@ def pin(device: str, cores: str | None = None) -> tuple[str, frozenset[int] | No
 def probe(device: str) -> dict[str, Any]:
     """Fingerprint and model of the (pinned) device, probed in a child process for CUDA."""
     if device.startswith("cuda"):
-        code = "import json,sys; from farm_workers.worker import probe_here; print(json.dumps(probe_here(sys.argv[1])))"
-        out = subprocess.run([sys.executable, "-c", code, device], check=True, capture_output=True, text=True)
-        data: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        code = ("import json,sys; from farm.errors import FarmError; from farm_workers.worker import probe_here\n"
+                "try: print(json.dumps(probe_here(sys.argv[1])))\n"
+                "except FarmError as e: print(json.dumps({'error': str(e)}))")
+        out = subprocess.run([sys.executable, "-c", code, device], capture_output=True, text=True)
+        lines = out.stdout.strip().splitlines()
+        if out.returncode != 0 or not lines:
+            last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+            raise FarmError(f"--device {device}: probing the device failed: {last}")
+        data: dict[str, Any] = json.loads(lines[-1])
+        if "error" in data:  # e.g. no CuPy: the child's message names the install command
+            raise FarmError(f"--device {device}: {data['error']}")
         return data
     return probe_here(device)
 
