@@ -213,7 +213,7 @@ def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:
     a, b = inputs
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
         return None
-    layout = _MATMUL_LAYOUTS.get((layout_of(a), layout_of(b)))  # type: ignore[arg-type]
+    layout = _MATMUL_LAYOUTS.get((str(layout_of(a)), str(layout_of(b))))
     if layout is None:
         return None
     return {"m": a.shape[0], "n": b.shape[1], "k": a.shape[1], "dtype": str(a.dtype), "layout": layout}
