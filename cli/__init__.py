@@ -101,9 +101,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
         try:
             settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
             _check(broker, redis_url)
-            cat = load_catalog(catalog, kernels)
             if catalog is None and not from_fleet:
                 raise click.UsageError("give a CATALOG (or --from-fleet)")
+            cat = None if from_fleet else load_catalog(catalog, kernels)
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
             if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
                 from farm_coordinator.metrics import RunMetrics
@@ -113,7 +113,7 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                 from farm_cli.feedback import from_fleet as tune_fleet_reports
 
                 return tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
-            assert catalog is not None
+            assert cat is not None
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)
         except BaseException as e:

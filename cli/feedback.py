@@ -25,7 +25,7 @@ def from_fleet(catalog: Path | None, settings: Settings, parts: dict[str, Any], 
 
     if not settings.redis_url:
         raise FarmError("--from-fleet reads the reports stream: give --redis (or FARM_REDIS_URL)")
-    policy = load_catalog(catalog, kernels).policy if catalog is not None else StackPolicy()
+    policy = load_catalog(catalog, kernels, policy_only=True).policy if catalog is not None else StackPolicy()
     client = connect(settings.redis_url, timeout=10.0)
     runs = 0
 

@@ -98,11 +98,12 @@ def read_reports(client: Any, settings: Settings, limit: int = READ_LIMIT) -> tu
     return reports, malformed
 
 
-def plan(reports: list[FleetReport]) -> tuple[list[Entry], dict[str, list[str]]]:
-    """Deduplicate and rank the reports; also the ids of reports that cannot be tuned, by reason."""
+def plan(reports: list[FleetReport], kernels: tuple[str, ...] = ()) -> tuple[list[Entry], dict[str, list[str]]]:
+    """Deduplicate and rank the reports; also the ids of reports that cannot be tuned, by reason. ``kernels``:
+    modules of operations to load (as ``--kernels``)."""
     from farm_kernels import registry
 
-    registry.ensure_loaded()
+    registry.ensure_loaded(kernels)
     entries: dict[tuple[str, str, str, str], Entry] = {}
     untunable: dict[str, list[str]] = {}
     for r in reports:
@@ -117,6 +118,7 @@ def plan(reports: list[FleetReport]) -> tuple[list[Entry], dict[str, list[str]]]
         except ConfigError as e:
             untunable.setdefault(f"{r.operation}: invalid spec ({e})", []).append(r.id)
             continue
+        spec.pop("seed", None)  # applications' inputs have no seed: the default one builds the same workload
         key = (r.fingerprint, r.operation, r.device_kind, canonical_json(spec))
         entry = entries.get(key)
         if entry is None:
@@ -147,7 +149,7 @@ def tune_from_fleet(
     """Tune what the reports ask for. ``run(catalog, fingerprint=..., force=...)`` runs one catalog with the
     usual rules (``farm_coordinator.run.tune`` with the CLI's parts) and returns its RunSummary."""
     reports, malformed = read_reports(client, settings)
-    entries, untunable = plan(reports)
+    entries, untunable = plan(reports, kernels)
     out = FleetRun(entries=entries)
     for reason, ids in untunable.items():
         out.left[reason] = len(ids)

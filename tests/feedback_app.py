@@ -19,7 +19,7 @@ from farm.adapter import RuntimeTrials, prepare  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_kernels import registry  # noqa: E402
 
-catalog = load_catalog(args["catalog"], ("farm_feedbackops",))
+catalog = load_catalog(args["catalog"], ("farm_feedbackops",), policy_only=True)
 tuner = farm.enable_stack_autotune(catalog.policy, fleet=[args["redis"]], report_to=args["report"])
 client = farm.HostClient(0)
 out: dict = {"decisions": []}

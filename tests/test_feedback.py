@@ -207,7 +207,7 @@ def test_a_reported_miss_is_tuned_by_the_farm_and_served_to_a_fresh_application(
     reports, _ = read_reports(f.client(), f.settings)
     assert {(r.kind, r.operation, json.dumps(r.spec, sort_keys=True)) for r in reports} == {
         ("miss", "feedbacktest_scale", json.dumps(SPEC, sort_keys=True)), ("miss", "feedbacktest_unsigned", "null")}
-    entries, untunable = plan(reports)
+    entries, untunable = plan(reports, KERNELS)
     assert [(e.operation, e.spec) for e in entries] == [("feedbacktest_scale", SPEC)]
     assert list(untunable) == ["feedbacktest_unsigned: no workload spec (signature only)"]
     status = farm_cli(f, "status", "--json")
