@@ -140,7 +140,8 @@ def catalog_for(entries: list[Entry], policy: StackPolicy, kernels: tuple[str, .
         Workload(e.operation, (e.device_kind,) if e.device_kind else (), dict(e.spec), f"fleet:{i}")
         for i, e in enumerate(entries)
     )
-    return Catalog("fleet reports", policy, workloads, kernels)
+    what = "re-tune after a regression" if any(e.regression for e in entries) else "misses"
+    return Catalog(f"fleet reports ({what})", policy, workloads, kernels)
 
 
 def tune_from_fleet(

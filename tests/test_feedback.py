@@ -213,6 +213,9 @@ def test_a_reported_miss_is_tuned_by_the_farm_and_served_to_a_fresh_application(
     status = farm_cli(f, "status", "--json")
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["feedback"]["total"] == 2
+    table = farm_cli(f, "status")
+    assert table.returncode == 0, table.stderr
+    assert "fleet reports waiting (2" in table.stdout and "feedbacktest_unsigned" in table.stdout
 
     done = tune_from_fleet(f, catalog)
     assert done.returncode == 0, done.stdout + done.stderr
