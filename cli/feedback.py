@@ -21,7 +21,7 @@ def from_fleet(catalog: Path | None, settings: Settings, parts: dict[str, Any], 
     from farm.policy import StackPolicy
     from farm.stores.redis import connect
     from farm_coordinator.catalog import load_catalog, workload_label
-    from farm_coordinator.feedback import tune_from_fleet
+    from farm_coordinator.feedback import run_id_for, tune_from_fleet
 
     if not settings.redis_url:
         raise FarmError("--from-fleet reads the reports stream: give --redis (or FARM_REDIS_URL)")
@@ -32,7 +32,7 @@ def from_fleet(catalog: Path | None, settings: Settings, parts: dict[str, Any], 
     def run(cat: Any, fingerprint: str, force: bool) -> Any:
         nonlocal runs
         runs += 1
-        return run_tune(cat, settings=settings, run=f"{run_id}-{runs}", force=force, fingerprint=fingerprint,
+        return run_tune(cat, settings=settings, run=run_id_for(run_id, force, runs), force=force, fingerprint=fingerprint,
                         timeout=timeout, progress=progress, **parts)
 
     result = tune_from_fleet(client, settings, policy, run, kernels)

@@ -182,6 +182,23 @@ def tune_from_fleet(
     return out
 
 
+RUN_TAGS = {"fleet-regression": "re-tuned: an application's regression window invalidated the decision",
+            "fleet-miss": "tuned: applications missed it (fleet feedback)"}
+
+
+def run_id_for(run: str, force: bool, n: int) -> str:
+    """The run id of the ``n``-th catalog of a ``--from-fleet`` run: it says why, for the report (``run_origin``)."""
+    return f"{run}-{'fleet-regression' if force else 'fleet-miss'}-{n}"
+
+
+def run_origin(run: str) -> str:
+    """Why a decision published by run ``run`` was tuned, when fleet feedback asked for it; else ""."""
+    for tag, reason in RUN_TAGS.items():
+        if f"-{tag}-" in run:
+            return reason
+    return ""
+
+
 def waiting(client: Any, settings: Settings, limit: int = 10_000) -> dict[str, Any]:
     """For ``farm status`` and the metrics: reports waiting, by operation, fingerprint and kind."""
     key = stream_key(settings.prefix)

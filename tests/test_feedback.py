@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -253,7 +254,26 @@ def test_a_reported_regression_makes_the_farm_re_measure_and_republish(feedback_
     assert "regression reported by 1 host(s)" in done.stdout
     (after,) = published(f, digest)
     assert after["cache_key"] == before["cache_key"] and after["created"] > before["created"]  # re-measured
+    assert "-fleet-regression-" in after["meta"]["run"] and "-fleet-miss-" in before["meta"]["run"]
     assert f.client().xlen(stream_key(f.settings.prefix)) == 0
+
+    # The HTML report of the fleet's decisions lists the problem as re-tuned, with the reason.
+    exported = farm_cli_redis(f, "archive", "export", "--out", str(tmp_path / "archive"))
+    assert exported.returncode == 0, exported.stderr
+    out = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "report", "--archive", str(tmp_path / "archive"),
+                           "--out", str(out)], capture_output=True, text=True, env=f.env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', out.read_text(),
+                                re.S).group(1))
+    (fingerprint,) = data
+    (retuned,) = fingerprint["retuned"]
+    assert retuned["operation"] == "feedbacktest_scale" and "regression" in retuned["reason"]
+
+
+def farm_cli_redis(f: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm_cli", *args, "--redis", f.results_url], capture_output=True,
+                          text=True, env=f.env, timeout=300)
 
 
 def read_fingerprint(f: Fleet) -> str:
