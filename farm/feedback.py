@@ -23,6 +23,7 @@ the report carries the workload signature only (counted in ``unsigned``) and the
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -140,6 +141,7 @@ class FleetReporter:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="farm-feedback", daemon=True)
                 self._thread.start()
+                atexit.register(self.flush, 1.0)  # a short-lived job's reports: at most 1 s more at exit
             self._wake.notify()
 
     # -- the sender thread ----------------------------------------------------------------------------------
@@ -203,7 +205,7 @@ class FleetReporter:
         with self._lock:
             while self._buffer or self._inflight:
                 left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None:
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
                     return False
                 self._wake.wait(min(left, 0.1))
         return True
