@@ -88,7 +88,8 @@ def test_an_unreachable_redis_costs_the_application_nothing():
         assert tuner.select(problem(workload=f"f32[{i}]", persistent=True), candidates(), 0, runner).source is farm.DecisionSource.MEMORY_CACHE
     wait_for(lambda: reporter.stats().failures >= 1, 30, "the reporter to count a failed send")
     stats = reporter.stats()
-    assert stats.sent == 0 and stats.dropped >= 3 and stats.pending <= 2
+    # Six reports, room for two in the buffer and at most two in flight: the rest were dropped and counted.
+    assert stats.sent == 0 and stats.dropped >= 2 and stats.pending <= 2
     assert stats.unsigned == 6  # no runtime adapter described these keys: signature only
     reporter.close()
 
