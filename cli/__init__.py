@@ -80,7 +80,7 @@ def main() -> None:
 
 
 @main.command(epilog=ENVIRONMENT)
-@click.argument("catalog", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("catalog", type=click.Path(dir_okay=False, path_type=Path), required=False)
 @_broker(help="Celery broker URL; without it the embedded farm runs here.")
 @_redis(help="Decisions/results Redis URL (with --broker).")
 @click.option("--fingerprint", help="Only this fingerprint (digest or prefix).")
@@ -95,9 +95,11 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON instead of a table.")
 @click.option("--loglevel", type=click.Choice(LEVELS, case_sensitive=False), default="INFO", show_default=True)
 @click.option("--log-json", is_flag=True, help="Log JSON lines on stderr (progress, warnings) for log collectors.")
-def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: str | None, force: bool,
+@click.option("--from-fleet", is_flag=True, help="Tune what applications reported missing or regressed (the reports "
+              "stream in --redis); CATALOG, if given, supplies only the [policy]. See docs/farm.md, Fleet feedback.")
+def tune(catalog: Path | None, broker: str | None, redis_url: str | None, fingerprint: str | None, force: bool,
          kernels: tuple[str, ...], cache_dir: Path, devices: tuple[str, ...], run_id: str | None,
-         timeout: float | None, as_json: bool, loglevel: str, log_json: bool) -> None:
+         timeout: float | None, as_json: bool, loglevel: str, log_json: bool, from_fleet: bool) -> None:
     """Tune every problem of CATALOG on the fleet (or, without --broker, on this machine).
 
     Exit status 0 when every problem has a decision, 1 when some failed (rerun the same command to retry them;
@@ -120,12 +122,19 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
         try:
             settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
             _check(broker, redis_url)
-            cat = load_catalog(catalog, kernels)
+            if catalog is None and not from_fleet:
+                raise click.UsageError("give a CATALOG (or --from-fleet)")
+            cat = None if from_fleet else load_catalog(catalog, kernels)
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
             if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
                 from farm_coordinator.metrics import RunMetrics
 
                 progress = RunMetrics(parts["runlog"].client, settings, progress)
+            if from_fleet:
+                from farm_cli.feedback import from_fleet as tune_fleet_reports
+
+                return tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+            assert cat is not None
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)
         except BaseException as e:

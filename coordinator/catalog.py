@@ -55,8 +55,9 @@ def workload_label(operation: str, spec: Any) -> str:
     return " ".join(sizes + [v for v in spec.values() if isinstance(v, str)])
 
 
-def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
-    """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem."""
+def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only: bool = False) -> Catalog:
+    """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem.
+    ``policy_only``: a file without ``problems`` is valid (``farm tune --from-fleet`` takes only its policy)."""
     from farm_kernels import registry
 
     source = str(path)
@@ -85,6 +86,8 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = ()) -> Catalog:
     except (TypeError, ValueError, OverflowError) as e:  # a value no policy field can hold (found by fuzzing)
         raise ConfigError(source, "policy", policy_table, f"invalid value: {e}") from e
     problems = data.get("problems")
+    if policy_only and problems is None:
+        return Catalog(source, policy, (), kernels)
     if not isinstance(problems, list) or not problems:
         raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
     workloads: list[Workload] = []

@@ -133,7 +133,12 @@ class FarmCollector:
             by_state[run["state"]] = by_state.get(run["state"], 0) + 1
         for run_state, n in sorted(by_state.items()):
             runs.add_metric([run_state], n)
-        yield from (workers, queued, decisions, runs)
+        reports = GaugeMetricFamily("farm_fleet_reports", "Fleet reports (misses, regressions) waiting for "
+                                    "`farm tune --from-fleet`, by operation, fingerprint and kind.",
+                                    labels=["operation", "fingerprint", "kind"])
+        for row in state.get("feedback", {}).get("by", ()):
+            reports.add_metric([row["operation"], row["fingerprint"], row["kind"]], row["reports"])
+        yield from (workers, queued, decisions, runs, reports)
 
 
 def registry_for(settings: Settings) -> Any:

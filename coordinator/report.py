@@ -19,6 +19,7 @@ from typing import Any
 
 from farm.atomicfile import write_atomic
 from farm_coordinator.catalog import workload_label
+from farm_coordinator.feedback import run_origin
 
 
 def load(archive: Path) -> list[dict[str, Any]]:
@@ -55,6 +56,7 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "ratio": record.ratio,
             "verified": record.verified,
             "confirmation": str(meta.get("confirmation") or ""),
+            "origin": run_origin(str(meta.get("run") or "")),
             "candidates": list(candidates.values()),
         })
         plotted = [1.0, 1.0 / min_speedup] + [r for c in candidates.values() for r in c["ratios"] if r > 0] + [
@@ -70,6 +72,8 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         "winners": Counter(p["winner"] for p in problems).most_common(),
         "median_speedup": statistics.median(speedups) if speedups else 1.0,
         "min_speedup": min_speedup,
+        "retuned": [{"operation": p["operation"], "workload": p["workload"], "winner": p["winner"],
+                     "reason": p["origin"]} for p in problems if p["origin"]],
     }
 
 
@@ -208,7 +212,7 @@ function plot(p,minSpeedup){
 function detail(p,minSpeedup){
   let t=`<div>${plot(p,minSpeedup)}</div><table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
-  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}</p>`;
+  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}</p>`;
 }
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");
@@ -219,6 +223,7 @@ FPS.forEach((fp,fi)=>{
   <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
   <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
   <div class="card">winners by candidate:<br>${fp.winners.map(w=>`${esc(w[0])}: ${w[1]}`).join("<br>")}</div></div>
+  ${fp.retuned.length?`<h3>Tuned from fleet reports</h3><ul>${fp.retuned.map(r=>`<li>${esc(r.operation)} ${esc(r.workload)} -> ${esc(r.winner)}: ${esc(r.reason)}</li>`).join("")}</ul>`:""}
   <div class="controls"><input type="search" placeholder="search operation, workload, winner" size="40" data-role="q">
   <select data-role="op"><option value="">every operation</option>${ops.map(o=>`<option>${esc(o)}</option>`).join("")}</select>
   <select data-role="v"><option value="">every verdict</option><option value="won">a candidate won</option><option value="ref">the reference kept</option></select>

@@ -54,7 +54,15 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
         ],
         "fingerprints": fingerprints,
         "runs": runs,
+        "feedback": _feedback(client, settings),
     }
+
+
+def _feedback(client: Any, settings: Settings) -> dict[str, Any]:
+    """Fleet reports waiting for `farm tune --from-fleet` (coordinator/feedback.py), by operation and fingerprint."""
+    from farm_coordinator.feedback import waiting
+
+    return waiting(client, settings)
 
 
 def render(status: dict[str, Any]) -> Group:
@@ -78,4 +86,9 @@ def render(status: dict[str, Any]) -> Group:
     for r in status["runs"]:
         runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"],
                      f"{r.get('done', 0)}/{r.get('groups', 0)}", str(r.get("published", 0)))
-    return Group(fps, workers, runs)
+    reports = Table(title=f"fleet reports waiting ({status['feedback']['total']}; farm tune --from-fleet)")
+    for column in ("operation", "fingerprint", "kind", "reports", "hosts"):
+        reports.add_column(column)
+    for row in status["feedback"]["by"]:
+        reports.add_row(row["operation"], row["fingerprint"], row["kind"], str(row["reports"]), str(row["hosts"]))
+    return Group(fps, workers, runs, reports)

@@ -8,6 +8,8 @@
 #                                             command, no administration (CONFIG, ACL, FLUSHALL, KEYS, SHUTDOWN...)
 #   REDIS_READER_USER, REDIS_READER_PASSWORD  optional, both or neither: a read-only user for runtime clients, who
 #                                             may only HGET/HMGET/HGETALL/HSCAN the decisions and fingerprints
+#   REDIS_REPORTER_USER, REDIS_REPORTER_PASSWORD  optional, both or neither: a write-only user for applications'
+#                                             fleet feedback, who may only XADD to the <prefix>:feedback stream
 #   FARM_PREFIX                               the farm's key prefix (default farm): the reader's key patterns
 #   REDIS_ACL_FILE                            where the ACL file is written (default /tmp/farm-redis/users.acl)
 #
@@ -50,6 +52,8 @@ writer_user=${REDIS_WRITER_USER:-}
 writer_password=${REDIS_WRITER_PASSWORD:-}
 reader_user=${REDIS_READER_USER:-}
 reader_password=${REDIS_READER_PASSWORD:-}
+reporter_user=${REDIS_REPORTER_USER:-}
+reporter_password=${REDIS_REPORTER_PASSWORD:-}
 prefix=${FARM_PREFIX:-farm}
 acl_file=${REDIS_ACL_FILE:-/tmp/farm-redis/users.acl}
 
@@ -59,6 +63,12 @@ if [ -n "$reader_user" ] || [ -n "$reader_password" ]; then
     check_user REDIS_READER_USER "$reader_user"
     check_password REDIS_READER_PASSWORD "$reader_password"
     [ "$reader_user" != "$writer_user" ] || die "REDIS_READER_USER must differ from REDIS_WRITER_USER"
+fi
+if [ -n "$reporter_user" ] || [ -n "$reporter_password" ]; then
+    check_user REDIS_REPORTER_USER "$reporter_user"
+    check_password REDIS_REPORTER_PASSWORD "$reporter_password"
+    [ "$reporter_user" != "$writer_user" ] || die "REDIS_REPORTER_USER must differ from REDIS_WRITER_USER"
+    [ "$reporter_user" != "$reader_user" ] || die "REDIS_REPORTER_USER must differ from REDIS_READER_USER"
 fi
 case $prefix in
 *[!A-Za-z0-9._-]*) die "FARM_PREFIX may contain only letters, digits and . _ -" ;;
@@ -78,6 +88,10 @@ tmp="$acl_file.tmp.$$"
     echo "user $writer_user on resetpass #$(sha256 "$writer_password") resetkeys ~* resetchannels &* +@all -@admin -@dangerous"
     if [ -n "$reader_user" ]; then
         echo "user $reader_user on resetpass #$(sha256 "$reader_password") resetkeys %R~$prefix:decisions:* %R~$prefix:fingerprints resetchannels -@all +hget +hmget +hgetall +hscan +ping +select +client|setname +client|getname"
+    fi
+    if [ -n "$reporter_user" ]; then
+        # Fleet feedback (docs/farm.md): append reports to one stream, read nothing, touch no other key.
+        echo "user $reporter_user on resetpass #$(sha256 "$reporter_password") resetkeys %W~$prefix:feedback resetchannels -@all +xadd +ping +select +client|setname +client|getname"
     fi
 } >"$tmp"
 mv "$tmp" "$acl_file"

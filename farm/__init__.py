@@ -18,6 +18,7 @@ from farm.engine import (
 )
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
+from farm.feedback import FleetReporter
 from farm.identity import CacheKey, Candidate, Problem, Scope, cache_key, fields
 from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
@@ -61,6 +62,7 @@ __all__ = [
     "client_for",
     "compare_outputs",
     "enable_stack_autotune",
+    "FleetReporter",
     "fields",
     "is_tuning",
     "paired_score",

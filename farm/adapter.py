@@ -36,16 +36,23 @@ def enable_stack_autotune(
     memory_eviction: MemoryEviction = MemoryEviction.FIFO,
     fleet: Sequence[DecisionStore | str | Path] = (),
     fleet_write_through: bool = True,
+    report_to: str | None = None,
 ) -> StackTuner:
     """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT.
 
     ``fleet``: read-only tiers after the disk (stores, Redis URLs, archive directories; see StackTuner);
-    ``fleet_write_through``: copy validated fleet hits into ``cache_directory``."""
+    ``fleet_write_through``: copy validated fleet hits into ``cache_directory``; ``report_to``: a Redis URL (the
+    write-only ``reporter`` user) to report fleet misses and regressions to (farm.feedback; off by default)."""
     global _global
     with _global_lock:
         if _global is not None:
             raise TuneFailure.invalid("stack autotuning was already configured")
-        _global = StackTuner(policy, cache_directory, memory_eviction, fleet, fleet_write_through)
+        tuner = StackTuner(policy, cache_directory, memory_eviction, fleet, fleet_write_through)
+        if report_to is not None:
+            from farm.feedback import FleetReporter
+
+            tuner.feedback = FleetReporter(report_to)
+        _global = tuner
         return _global
 
 
@@ -205,6 +212,9 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
     problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)
     request = tuner.request(problem, candidates, 0, device=client.device_id)
     built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
+    describe = getattr(tuner.feedback, "describe", None)
+    if describe is not None:  # once per workload, off the hit path: what a fleet report says this key is
+        describe(problem, request.key, name, client.device_kind, _spec(tunable, inputs))
     with tunable.prepared_lock:
         if len(tunable.prepared) >= 4096:
             tunable.prepared.pop(next(iter(tunable.prepared)))
@@ -232,3 +242,14 @@ def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_
     except Exception:
         tuner.invalidate(decision, True)
         raise
+
+
+def _spec(tunable: TunableSet, inputs: Inputs) -> dict[str, Any] | None:
+    """The workload spec of live inputs (the operation's inverse of build), or None (reported by signature)."""
+    inverse = tunable.spec_from_inputs
+    if inverse is None:
+        return None
+    try:
+        return inverse(inputs)
+    except Exception:
+        return None

@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -102,6 +102,8 @@ class StackTuner:
         self._windows: OrderedDict[str, deque[float]] = OrderedDict()
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
+        # Fleet feedback (farm.feedback.FleetReporter): called on a fleet miss and a regression, never on a hit.
+        self.feedback: Callable[[str, str, Problem | None, tuple[float, ...]], None] | None = None
 
     @property
     def policy(self) -> StackPolicy:
@@ -223,8 +225,21 @@ class StackTuner:
                     return decision
         self._count("misses")
         if self._policy.mode is Mode.CACHE_ONLY:
-            return self._reference(req, DecisionSource.CACHE_MISS)
-        return self._explore(req, runner)
+            decision = self._reference(req, DecisionSource.CACHE_MISS)
+        else:
+            decision = self._explore(req, runner)
+        if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it
+            ratios = (decision.ratio,) if decision.source is DecisionSource.TUNED else ()
+            self._feedback("miss", req.key, req.problem, ratios)
+        return decision
+
+    def _feedback(self, kind: str, key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
+        hook = self.feedback
+        if hook is not None:
+            try:
+                hook(kind, key, problem, ratios)
+            except Exception as e:  # feedback never fails the caller
+                log.debug("fleet feedback hook failed: %s", e)
 
     def _from_store(
         self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
@@ -364,9 +379,12 @@ class StackTuner:
                 if len(self._windows) > policy.capacity:
                     self._windows.popitem(last=False)
             window.append(selected_seconds / reference_seconds)
-            regressed = len(window) == policy.regression_pairs and statistics.median(window) > policy.regression_ratio
+            median = statistics.median(window) if len(window) == policy.regression_pairs else 0.0
+            regressed = median > policy.regression_ratio
         if regressed:
             self.invalidate(decision, True)
+            if self.feedback is not None and self._fleet:
+                self._feedback("regression", decision.cache_key, None, (median, decision.ratio))
         return regressed
 
     # -- introspection ----------------------------------------------------------------------------------------

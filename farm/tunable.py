@@ -110,6 +110,9 @@ class TunableSet:
         self._checksum: str | None = None
         self.prepared: dict[Hashable, Any] = {}
         self.prepared_lock = threading.Lock()
+        # The inverse of an operation's build (inputs -> workload spec), set by farm_kernels.Operation; the fleet
+        # feedback reporter (farm.feedback) reports a missed workload with it. None: reported by signature only.
+        self.spec_from_inputs: Callable[[Inputs], dict[str, Any] | None] | None = None
 
     # -- registration -------------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
-from farm_kernels.layout import LAYOUTS, arrange, normal
+from farm_kernels.layout import LAYOUTS, arrange, layout_of, normal
 from farm_kernels.operation import Operation, choice, code_identity, dim
 
 NAME = "bias_gelu_fusion"
@@ -215,6 +215,14 @@ def elements(spec: Mapping[str, Any]) -> int:
     return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
 
 
+def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The inverse of make_inputs: x's shape, dtype and layout (the bias must be a contiguous (cols,) vector)."""
+    x, bias = inputs
+    if getattr(bias, "shape", None) != (x.shape[1],) or bias.dtype != x.dtype or not bias.flags.c_contiguous:
+        return None
+    return {"rows": x.shape[0], "cols": x.shape[1], "dtype": str(x.dtype), "layout": layout_of(x)}
+
+
 OPERATION = Operation(
     name=NAME,
     host=host_tunable(),
@@ -226,6 +234,7 @@ OPERATION = Operation(
     ),
     dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
     make=make_inputs,
+    spec_of=spec_of,
     elements=elements,
     description="fused bias add and tanh-approximated GELU",
 )

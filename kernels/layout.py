@@ -42,3 +42,21 @@ def uniform(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, low: f
 def normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, scale: float = 1.0) -> np.ndarray:
     """Host values from a normal distribution with standard deviation ``scale``, drawn in float64 then cast."""
     return (rng.standard_normal(size=shape) * scale).astype(dtype)
+
+
+def layout_of(x: Any) -> str | None:
+    """The inverse of :func:`arrange` for a 2-D NumPy or CuPy array: which layout it is in, or None when it is in
+    none of them (a view with other strides). A C-contiguous array is ``contiguous`` even when it is also
+    F-contiguous (one row or one column: the layouts coincide)."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 2:
+        return None
+    if x.flags.c_contiguous:
+        return "contiguous"
+    if x.flags.f_contiguous:
+        return "transposed"
+    rows, cols = shape
+    item = x.dtype.itemsize
+    if x.strides == (2 * cols * item, 2 * item):
+        return "strided"
+    return None

@@ -33,7 +33,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
-from farm_kernels.layout import arrange, uniform
+from farm_kernels.layout import arrange, layout_of, uniform
 from farm_kernels.operation import Operation, choice, code_identity, dim
 
 NAME = "matmul"
@@ -201,6 +201,24 @@ def elements(spec: Mapping[str, Any]) -> int:
     return max(spec["m"] * spec["k"] * factor, spec["k"] * spec["n"] * factor, spec["m"] * spec["n"])
 
 
+_MATMUL_LAYOUTS = {
+    ("contiguous", "contiguous"): "contiguous", ("transposed", "contiguous"): "a_transposed",
+    ("contiguous", "transposed"): "b_transposed", ("transposed", "transposed"): "transposed",
+    ("strided", "strided"): "strided",
+}
+
+
+def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The inverse of make_inputs: m, n, k from A (m, k) and B (k, n), their dtype and their layouts' pair."""
+    a, b = inputs
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        return None
+    layout = _MATMUL_LAYOUTS.get((str(layout_of(a)), str(layout_of(b))))
+    if layout is None:
+        return None
+    return {"m": a.shape[0], "n": b.shape[1], "k": a.shape[1], "dtype": str(a.dtype), "layout": layout}
+
+
 OPERATION = Operation(
     name=NAME,
     host=host_tunable(),
@@ -213,6 +231,7 @@ OPERATION = Operation(
     ),
     dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
     make=make_inputs,
+    spec_of=spec_of,
     elements=elements,
     description="C = A @ B",
 )

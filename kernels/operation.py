@@ -127,6 +127,8 @@ class Operation:
       ``xp`` (numpy or cupy) from values drawn with ``rng`` (a NumPy generator seeded with the spec's seed, so
       host and device inputs hold the same values). It must return fresh arrays on every call.
     - ``elements(spec)``: optional size of the largest array the spec allocates, checked against ``max_elements``.
+    - ``spec_of(inputs)``: optional inverse of ``make``: the spec (without ``seed``) of live inputs, or None when
+      they match no spec (see :meth:`spec_from_inputs`). The fleet's feedback reports it for a missed workload.
 
     Operations compare by identity: registering the same object twice is a no-op, another object with the same
     name is a duplicate.
@@ -141,6 +143,7 @@ class Operation:
     elements: Callable[[Mapping[str, Any]], int] | None = None
     max_elements: int = MAX_ELEMENTS
     description: str = ""
+    spec_of: Callable[[Sequence[Any]], Mapping[str, Any] | None] | None = None
     _all_fields: tuple[SpecField, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +187,8 @@ class Operation:
         object.__setattr__(self, "dtypes", dtypes)
         object.__setattr__(self, "fields", own)
         object.__setattr__(self, "_all_fields", (*own, dtype, SEED))
+        for kind in self.devices:  # the core's runtime finds the inverse of build through the tunable set
+            self.tunable(kind).spec_from_inputs = self._spec_for(kind)
 
     # -- devices -------------------------------------------------------------------------------------------
 
@@ -331,3 +336,23 @@ class Operation:
             return inputs
         raise TuneFailure.invalid(f"{self.name}: cannot build inputs on device kind {kind!r}")
 
+    # -- the inverse of build ---------------------------------------------------------------------------------
+
+    def _spec_for(self, kind: str) -> Callable[[Sequence[Any]], dict[str, Any] | None]:
+        return lambda inputs: self.spec_from_inputs(inputs, kind)
+
+    def spec_from_inputs(self, inputs: Sequence[Any], device_kind: str | None = None) -> dict[str, Any] | None:
+        """The normalized workload spec whose :meth:`build` makes inputs like ``inputs`` (same shapes, dtype and
+        layout; ``seed`` left out), or None: the operation has no ``spec_of``, or the inputs match no valid spec
+        (a view with other strides, a dtype ``device_kind`` does not take). Never raises."""
+        if self.spec_of is None:
+            return None
+        try:
+            spec = self.spec_of(tuple(inputs))
+            if spec is None:
+                return None
+            values = self.normalize(spec, devices=device_kind)
+        except Exception:  # an inverse that cannot read these inputs reports by signature only
+            return None
+        values.pop("seed", None)
+        return values

@@ -31,7 +31,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
-from farm_kernels.layout import LAYOUTS, arrange, uniform
+from farm_kernels.layout import LAYOUTS, arrange, layout_of, uniform
 from farm_kernels.operation import Operation, SpecField, choice, code_identity, dim
 
 NAME = "reduce_sum"
@@ -183,6 +183,12 @@ def elements(spec: Mapping[str, Any]) -> int:
     return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
 
 
+def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The inverse of make_inputs: a's shape, dtype and layout, and the axis."""
+    a, axis = inputs
+    return {"rows": a.shape[0], "cols": a.shape[1], "axis": int(axis), "dtype": str(a.dtype), "layout": layout_of(a)}
+
+
 OPERATION = Operation(
     name=NAME,
     host=host_tunable(),
@@ -195,6 +201,7 @@ OPERATION = Operation(
     ),
     dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
     make=make_inputs,
+    spec_of=spec_of,
     elements=elements,
     description="sum of a 2-D array along one axis",
 )

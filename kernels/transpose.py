@@ -34,7 +34,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
-from farm_kernels.layout import arrange, uniform
+from farm_kernels.layout import arrange, layout_of, uniform
 from farm_kernels.operation import Operation, choice, code_identity, dim
 
 NAME = "transpose"
@@ -179,6 +179,12 @@ def elements(spec: Mapping[str, Any]) -> int:
     return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
 
 
+def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The inverse of make_inputs: a's shape, dtype and layout (a transposed input matches no spec)."""
+    (a,) = inputs
+    return {"rows": a.shape[0], "cols": a.shape[1], "dtype": str(a.dtype), "layout": layout_of(a)}
+
+
 OPERATION = Operation(
     name=NAME,
     host=host_tunable(),
@@ -186,6 +192,7 @@ OPERATION = Operation(
     fields=(dim("rows"), dim("cols"), choice("layout", LAYOUTS, default="contiguous", help="memory layout of a")),
     dtypes={"cpu": HOST_DTYPES, "cuda": CUDA_DTYPES},
     make=make_inputs,
+    spec_of=spec_of,
     elements=elements,
     description="out-of-place 2-D transpose into a C-contiguous array",
 )

@@ -1,0 +1,217 @@
+"""Fleet feedback: applications tell the farm what to tune, never on the hot path.
+
+A :class:`FleetReporter` is the controller's ``feedback`` hook. The engine calls it on two paths only: a
+persistent problem that every stored tier missed (``kind="miss"``, with the ratio this process then measured, if
+it tuned), and a stored decision its regression window invalidated (``kind="regression"``, with the window's
+median selected/reference ratio and the ratio the decision promised). A memory hit never reaches it.
+
+A call appends one small report to a bounded buffer (a full buffer drops the report and counts it) and returns;
+a daemon thread sends batches to a capped Redis stream (``XADD ... MAXLEN ~``) with the URL's credentials (a
+write-only ``reporter`` user, docs/deployment.md). An unreachable Redis costs the application nothing: the
+thread backs off (doubling up to 60 s), keeps what fits in the buffer, and counts the failure. redis-py is
+imported in that thread only.
+
+A report (one stream entry, field ``report``, JSON)::
+
+    {"v": 1, "kind": "miss", "operation": "matmul", "device_kind": "cpu", "spec": {"m": 64, ...} | null,
+     "signature": "...", "fingerprint": "<digest>", "fingerprint_text": "...", "cache_key": "...",
+     "host": "<hostname>", "pid": 123, "time": 1700000000.0, "ratios": [0.71]}
+
+``spec`` is the workload spec rebuilt from the live inputs (the operation's inverse of ``build``); without one
+the report carries the workload signature only (counted in ``unsigned``) and the farm cannot tune it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.identity import Problem
+
+log = logging.getLogger(__name__)
+
+REPORT_VERSION = 1
+STREAM = "feedback"  # the stream key is "<prefix>:feedback" (FARM_PREFIX, default farm)
+
+
+def stream_key(prefix: str | None = None) -> str:
+    """The reports stream of the farm under ``prefix`` (default: FARM_PREFIX or "farm")."""
+    return f"{prefix or os.environ.get('FARM_PREFIX') or 'farm'}:{STREAM}"
+
+
+@dataclass(frozen=True)
+class FeedbackStats:
+    """Counters since the reporter was created. ``dropped``: reports lost to a full buffer (or an oversized
+    backlog while Redis was unreachable); ``failures``: failed sends; ``unsigned``: reports without a spec."""
+
+    queued: int
+    sent: int
+    dropped: int
+    failures: int
+    unsigned: int
+    pending: int
+
+
+class FleetReporter:
+    """The ``feedback`` hook of a :class:`~farm.engine.StackTuner`: reports misses and regressions to the fleet.
+
+    ``url``: a Redis URL whose user may XADD the stream (``redis://reporter:PASSWORD@host:6379/1``). ``capacity``
+    bounds the buffer; ``maxlen`` caps the stream (approximately); ``batch`` reports go in one round trip. Each
+    (kind, cache key) is reported once per process (a repeat only counts).
+    """
+
+    def __init__(self, url: str, *, prefix: str | None = None, capacity: int = 1024, batch: int = 64,
+                 maxlen: int = 100_000, interval: float = 0.2, timeout: float = 2.0) -> None:
+        if not isinstance(url, str) or url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+            from farm.errors import TuneFailure
+
+            raise TuneFailure.invalid(f"report_to must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        self.url = url
+        self.key = stream_key(prefix)
+        self.capacity, self.batch, self.maxlen = max(1, capacity), max(1, batch), max(1, maxlen)
+        self.interval, self.timeout = interval, timeout
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._buffer: deque[str] = deque()
+        self._described: OrderedDict[str, tuple[str, str, dict[str, Any] | None, Problem]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._counts = {"queued": 0, "sent": 0, "dropped": 0, "failures": 0, "unsigned": 0}
+        self._thread: threading.Thread | None = None
+        self._inflight = 0
+        self._closed = False
+        self._host = socket.gethostname()
+        self._client: Any = None
+
+    # -- called by the runtime (never on a hit) ---------------------------------------------------------------
+
+    def describe(self, problem: Problem, cache_key: str, operation: str, device_kind: str,
+                 spec: dict[str, Any] | None) -> None:
+        """Remember what a cache key is (called once per workload by the runtime adapter when it prepares it)."""
+        with self._lock:
+            self._described[cache_key] = (operation, device_kind, spec, problem)
+            if len(self._described) > 4096:
+                self._described.popitem(last=False)
+
+    def __call__(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
+        """Queue one report; never blocks on I/O and never raises."""
+        try:
+            self._report(kind, cache_key, problem, ratios)
+        except Exception as e:  # feedback must never fail the application's call
+            log.debug("fleet feedback: report not queued: %s", e)
+
+    def _report(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
+        with self._lock:
+            seen = self._seen.get((kind, cache_key), 0)
+            self._seen[(kind, cache_key)] = seen + 1
+            if len(self._seen) > 4096:
+                self._seen.popitem(last=False)
+            if seen:
+                return
+            described = self._described.get(cache_key)
+        if described is not None:
+            operation, device_kind, spec, problem = described
+        elif problem is not None:
+            operation, device_kind, spec = problem.operation, "", None
+        else:
+            return  # a regression of a decision this reporter never saw prepared: nothing to say what it is
+        report = {
+            "v": REPORT_VERSION, "kind": kind, "operation": operation, "device_kind": device_kind, "spec": spec,
+            "signature": problem.workload, "fingerprint": fingerprint_digest(problem.environment),
+            "fingerprint_text": problem.environment, "cache_key": cache_key, "host": self._host, "pid": os.getpid(),
+            "time": time.time(), "ratios": [round(float(r), 6) for r in ratios],
+        }
+        text = json.dumps(report, sort_keys=True)
+        with self._lock:
+            if spec is None:
+                self._counts["unsigned"] += 1
+            if len(self._buffer) >= self.capacity or self._closed:
+                self._counts["dropped"] += 1
+                return
+            self._buffer.append(text)
+            self._counts["queued"] += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="farm-feedback", daemon=True)
+                self._thread.start()
+                atexit.register(self.flush, 1.0)  # a short-lived job's reports: at most 1 s more at exit
+            self._wake.notify()
+
+    # -- the sender thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._lock:
+                while not self._buffer and not self._closed:
+                    self._wake.wait()
+                if not self._buffer:
+                    return
+                chunk = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
+                self._inflight = len(chunk)
+            try:
+                self._send(chunk)
+            except Exception as e:
+                with self._lock:
+                    self._counts["failures"] += 1
+                    room = self.capacity - len(self._buffer)
+                    keep = chunk[:max(0, room)]
+                    self._buffer.extendleft(reversed(keep))
+                    self._counts["dropped"] += len(chunk) - len(keep)
+                    self._inflight = 0
+                    closed = self._closed
+                log.warning("fleet feedback: cannot reach %s (%s: %s); retrying in %.1fs", self.key,
+                            type(e).__name__, e, backoff)
+                self._client = None
+                if closed:
+                    return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                continue
+            backoff = 0.5
+            with self._lock:
+                self._counts["sent"] += len(chunk)
+                self._inflight = 0
+                self._wake.notify_all()
+            if self.interval > 0:
+                time.sleep(self.interval)  # batch what arrives meanwhile
+
+    def _send(self, chunk: list[str]) -> None:
+        if self._client is None:
+            from farm.stores.redis import connect
+
+            self._client = connect(self.url, timeout=self.timeout, retries=False)
+        pipe = self._client.pipeline(transaction=False)
+        for text in chunk:
+            pipe.xadd(self.key, {"report": text}, maxlen=self.maxlen, approximate=True)
+        pipe.execute()
+
+    # -- introspection and shutdown -------------------------------------------------------------------------
+
+    def stats(self) -> FeedbackStats:
+        with self._lock:
+            return FeedbackStats(pending=len(self._buffer), **self._counts)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait (at most ``timeout`` seconds) until the buffer is sent; True when it was."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._buffer or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._wake.wait(min(left, 0.1))
+        return True
+
+    def close(self) -> None:
+        """Stop the thread after it tries the reports left once (queued reports then are dropped)."""
+        with self._lock:
+            self._closed = True
+            self._wake.notify_all()
