@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.atomicfile import write_atomic
+from farm.environment import fingerprint_parts
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.feedback import run_origin
 
@@ -77,32 +78,22 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
     }
 
 
-FINGERPRINT_FIELDS = ("backend", "device kind", "device", "driver", "compiler", "build", "build tag", "runtime options")
-
-
 def environment_summary(fingerprint: str) -> list[tuple[str, str]]:
-    """The fingerprint as (label, value) rows for people: device (model, cores), threads, driver, compiler, build.
-    A fingerprint that does not decode into the known fields is shown as one raw row."""
-    from farm.identity import split_fields
-
-    try:
-        parts = split_fields(fingerprint)
-    except ValueError:
+    """The fingerprint as (label, value) rows for people: device (model, cores), threads (the regime: CPU set and
+    pool sizes), driver, compiler, build. A fingerprint that does not decode is shown as one raw row."""
+    named = fingerprint_parts(fingerprint)
+    if named is None:
         return [("fingerprint", fingerprint)]
-    if len(parts) < len(FINGERPRINT_FIELDS):
-        return [("fingerprint", fingerprint)]
-    named = dict(zip(FINGERPRINT_FIELDS, parts, strict=False))
     rows = [("device", f"{named['device kind']} ({named['backend']}): {named['device']}")]
-    options = [o for o in named["runtime options"].split(";") if o]
-    threads = [o for o in options if "THREADS" in o]
+    options = [o.strip() for o in named["runtime options"].split(";") if o.strip()]
+    threads = [o for o in options if o.startswith(("cpus=", "blas=", "openmp=")) or "THREADS" in o]
     if threads:
-        rows.append(("threads", ", ".join(o if not o.endswith("=") else f"{o}unset" for o in threads)))
+        rows.append(("threads", ", ".join(threads)))
     rows += [("driver", named["driver"]), ("compiler", named["compiler"]),
              ("build", named["build"] + (f" (tag {named['build tag']})" if named["build tag"] else ""))]
     other = [o for o in options if o not in threads]
     if other:
         rows.append(("runtime options", "; ".join(other)))
-    rows += [(f"field {i}", extra) for i, extra in enumerate(parts[len(FINGERPRINT_FIELDS):], len(FINGERPRINT_FIELDS))]
     return rows
 
 

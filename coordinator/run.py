@@ -387,7 +387,7 @@ def _progress(console: Console, problems: list[Problem]) -> Iterator[Any]:
 def _hooked(hook: Any, state: _Run, problems: list[Problem]) -> Iterator[Any]:
     """The progress hook in place of the bar: problems (with those already decided) and trials."""
     reused = len(state.summary.already_decided)
-    hook.started(state.run, len(problems) + reused, reused, sum(len(t.indices) for p in problems for t in p.tasks))
+    hook.started(state.run, len(problems) + reused, reused, sum(len(t.candidates) for p in problems for t in p.tasks))
     try:
         yield lambda digest, trials: hook.group_done(trials)
     finally:

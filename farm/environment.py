@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from farm.encoding import split_fields
 from farm.identity import DEFAULT_CONTEXT, fields
 from farm.runtimes.base import ComputeClient
 from farm.runtimes.host import regime_key
@@ -137,19 +138,24 @@ def probe_environment(client: ComputeClient) -> RuntimeEnvironment:
     elif not persistent:
         driver = fields([driver, session_identity()])
     fingerprint = fields(
-        [
-            client.backend,
-            client.device_kind,
-            client.properties_fingerprint(),
-            driver,
-            client.compiler(),
-            build,
-            os.environ.get(BUILD_TAG, ""),
-            client.runtime_options(),
-        ]
+        [client.backend, client.device_kind, client.properties_fingerprint(), driver, client.compiler(), build,
+         os.environ.get(BUILD_TAG, ""), client.runtime_options()]
     )
     context = os.environ.get(CONTEXT_TAG) or DEFAULT_CONTEXT
     return RuntimeEnvironment(fingerprint, persistent, context)
+
+
+# The named parts of a fingerprint, in the order probe_environment encodes them.
+FINGERPRINT_PARTS = ("backend", "device kind", "device", "driver", "compiler", "build", "build tag", "runtime options")
+
+
+def fingerprint_parts(fingerprint: str) -> dict[str, str] | None:
+    """A fingerprint's parts by name (``FINGERPRINT_PARTS``), or None for text that is not a fingerprint."""
+    try:
+        parts = split_fields(fingerprint)
+    except ValueError:
+        return None
+    return dict(zip(FINGERPRINT_PARTS, parts, strict=True)) if len(parts) == len(FINGERPRINT_PARTS) else None
 
 
 def clear_environment_memo() -> None:

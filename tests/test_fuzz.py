@@ -193,7 +193,7 @@ def parse_message(data: Any) -> None:
 @pytest.mark.parametrize("path", corpus("protocol"), ids=lambda p: p.name)
 def test_the_protocol_corpus_parses(path: Path) -> None:
     data = json.loads(path.read_text())
-    parser = GroupTask.from_dict if "indices" in data else GroupResult.from_dict
+    parser = GroupTask.from_dict if "candidates" in data else GroupResult.from_dict
     assert parser(data).to_dict() == data
 
 

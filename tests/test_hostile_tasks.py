@@ -41,7 +41,8 @@ def test_a_task_naming_a_module_the_worker_lacks_fails_clearly_and_imports_nothi
 
         app = Celery("hostile", set_as_current=False)
         app.conf.update(celery_config(settings))
-        task = GroupTask("hostile-run", "p1", "g0", "farmtest_marker_op", "cpu", {"n": 8, "dtype": "float64"}, (1,),
+        task = GroupTask("hostile-run", "p1", "g0", "farmtest_marker_op", "cpu", {"n": 8, "dtype": "float64"},
+                         (("candidate", "1"),),
                          {}, digest, ("farmtest_marker",))
         app.send_task(GROUP_TASK, args=[[task.to_dict()]], queue=settings.fingerprint_queue(digest))
         results = RedisResults(client, settings)

@@ -94,7 +94,7 @@ def test_the_report_summarizes_the_environment_names_the_archive_and_scales_ever
                                           re.S).group(1))
     labels = dict(fingerprint["environment"])
     assert {"device", "threads", "driver", "compiler", "build"} <= set(labels)
-    assert "logical cores" in labels["device"] and "OMP_NUM_THREADS" in labels["threads"]
+    assert "logical cores" in labels["device"] and "cpus=" in labels["threads"] and "blas=" in labels["threads"]
     for problem in fingerprint["problems"]:
         ratios = [r for c in problem["candidates"] for r in c["ratios"]] + [1.0]
         assert min(problem["ticks"]) <= min(ratios) and max(problem["ticks"]) >= max(ratios)
