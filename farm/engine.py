@@ -21,15 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from farm.decisions import (
-    Decision,
-    DecisionSource,
-    Stats,
-    TrialRunner,
-    TuneReport,
-    is_tuning,
-    tuning_scope,
-)
+from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy

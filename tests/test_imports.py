@@ -22,7 +22,6 @@ PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "w
 FORBIDDEN_IN_CORE = ("farm_coordinator", "farm_workers", "farm_fleet", "farm_cli", "celery", "kombu", "flower")
 BARE = ("kernels", "workers", "coordinator", "fleet", "cli")
 MAX_LINES = 400
-OVERSIZED_TODAY = ("farm/stores/archive.py", "coordinator/archive.py")
 
 
 @cache
@@ -160,11 +159,5 @@ def oversized() -> list[str]:
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
 
 
-def test_no_product_module_is_over_400_lines_except_the_two_being_split() -> None:
-    assert [o for o in oversized() if not o.startswith(OVERSIZED_TODAY)] == []
-
-
-@pytest.mark.xfail(strict=False, reason="farm/stores/archive.py and coordinator/archive.py are over 400 lines "
-                                        "until the archive package split (issue 9 item 4) is merged")
 def test_no_product_module_is_over_400_lines() -> None:
     assert oversized() == []
