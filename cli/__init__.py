@@ -52,11 +52,17 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
     from farm_coordinator.run import tune as run_tune
 
     settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
+    from farm_coordinator.run import RunInterrupted
+
     with _errors():
         cat = load_catalog(catalog, kernels)
         parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
-        summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
-                           timeout=timeout, **parts)
+        try:
+            summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
+                               timeout=timeout, **parts)
+        except RunInterrupted as interrupted:
+            click.echo(f"farm: {interrupted}", err=True)
+            sys.exit(RunInterrupted.exit_code)
     if as_json:
         rows = [{"operation": a.problem.workload.operation, "spec": a.problem.workload.spec,
                  "fingerprint": a.problem.target.digest, "record": a.record.to_dict() if a.record else None,
@@ -66,7 +72,8 @@ def tune(catalog: Path, broker: str | None, redis_url: str | None, fingerprint: 
         Console(width=None if sys.stdout.isatty() else 160).print(summary_table(summary))
         where = "Redis" if broker else str(cache_dir)
         click.echo(f"{summary.published} decisions published to {where} in {summary.wall_seconds:.1f}s "
-                   f"({summary.tasks} group tasks, {len(summary.already_decided)} problems already decided)")
+                   f"({summary.tasks} group tasks: {summary.ran} ran, {summary.reused} reused; "
+                   f"{len(summary.already_decided)} problems already decided, {len(summary.failed)} failed)")
 
 
 @main.command()

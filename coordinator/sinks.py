@@ -19,7 +19,10 @@ from farm.stores.redis import RedisDecisions, field_for
 
 class Sink(Protocol):
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]: ...
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        """Publish under the replacement rule; with ``fence`` (lease key, value) only while that lease holds
+        (Redis: atomically, consuming it). A refusal's reason starts with "refused"."""
+        ...
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]: ...
 
@@ -31,8 +34,8 @@ class RedisSink:
         self.decisions = decisions
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]:
-        return self.decisions.publish(record, fingerprint, problem_id, trials)
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        return self.decisions.publish(record, fingerprint, problem_id, trials, fence)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.decisions.decided(digest, problem_ids)
@@ -63,7 +66,7 @@ class DirectorySink:
         return {"schema": 1, "fingerprints": {}, "problems": {}}
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]:
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         try:
             old = self.store.get(record.cache_key)
         except CorruptRecord:

@@ -155,10 +155,12 @@ class RedisDecisions:
         self._function_loaded = True
 
     def publish(
-        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None
+        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None,
+        fence: tuple[str, str] | None = None,
     ) -> tuple[bool, str]:
         """Publish atomically under the replacement rule, with the trial rows behind the decision (every timing
-        pair and verdict with its provenance); return (replaced, reason)."""
+        pair and verdict with its provenance); return (replaced, reason). With ``fence`` (key, value) the call is
+        refused ("refused: stale lease ...") unless that key holds exactly that value, and consumes the key."""
         import redis
 
         if not self._function_loaded:
@@ -168,6 +170,9 @@ class RedisDecisions:
         keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key, s.trials_key(digest)]
         args = [field_for(record.cache_key), record.to_json(), problem_id, digest,
                 fingerprint, str(s.events_maxlen), json.dumps(trials, separators=(",", ":")) if trials else ""]
+        if fence is not None:
+            keys.append(fence[0])
+            args.append(fence[1])
         try:
             replaced, reason = self.client.fcall("farm_publish", len(keys), *keys, *args)
         except redis.ResponseError as e:
