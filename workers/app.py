@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from celery import Celery, Task, signals
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExceeded
 
 from farm.runtimes.base import client_for
 from farm_fleet import presence
@@ -115,6 +115,8 @@ def _record_failure(settings: Settings, args: Any, exc: BaseException) -> None:
     """Store a failed result for every group of a failed task that has none (runs in the worker's main process on
     a hard time limit, where no device context exists: a results-only client is made once)."""
     global _failure_store
+    if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError)):
+        return  # an infrastructure outage is no verdict on the group: the coordinator sends it again
     try:
         if _context is not None:
             store: Any = _context.results

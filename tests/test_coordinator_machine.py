@@ -1,0 +1,98 @@
+"""The coordinator's state machine and the dispatcher's deadlines, as pure logic (the real-process tests are in
+test_faults.py, test_farm_recovery.py and test_farm_singleflight.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from farm_coordinator.dispatch import CeleryDispatcher
+from farm_coordinator.machine import Board, IllegalTransition, State
+from farm_coordinator.plan import Problem, Target
+from farm_fleet.protocol import GroupTask
+from farm_fleet.settings import Settings
+
+
+def problem(pid: str) -> Problem:
+    from farm_coordinator.catalog import Workload
+
+    task = GroupTask("r", pid, "g0", "op", "cpu", {}, (1,), {}, "fp")
+    return Problem(pid, Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), [task])
+
+
+def test_a_problem_moves_along_the_allowed_transitions_and_each_move_is_reported():
+    moves: list[tuple[str, str, str]] = []
+    board = Board([problem("a"), problem("b")], lambda t, old, new: moves.append((t.pid, old.value, new.value)))
+    assert board.count(State.WAITING) == 2 and board.unfinished == 2
+    for state in (State.QUEUED, State.RUNNING, State.CONFIRMING, State.PUBLISHED):
+        board.move("a", state)
+    board.move("b", State.FAILED, "every group failed")
+    assert board.unfinished == 0 and board["b"].note == "every group failed"
+    assert moves[:2] == [("a", "waiting", "queued"), ("a", "queued", "running")]
+    assert [t.pid for t in board.members(State.PUBLISHED)] == ["a"]
+
+
+@pytest.mark.parametrize("path", [
+    (State.PUBLISHED, State.QUEUED),  # a published problem is final
+    (State.FAILED, State.RUNNING),
+    (State.RUNNING,),  # never sent before it was leased and queued
+])
+def test_a_transition_the_machine_does_not_allow_is_refused(path):
+    board = Board([problem("a")])
+    with pytest.raises(IllegalTransition):
+        for state in path:
+            board.move("a", state)
+
+
+def test_a_lost_lease_sends_a_problem_back_to_waiting_and_drops_its_lease():
+    board = Board([problem("a")])
+    board.move("a", State.QUEUED).lease = "me#1"
+    board.move("a", State.RUNNING)
+    assert board.move("a", State.WAITING, "lease lost").lease is None
+
+
+class FakeResults:
+    """The results store's surface the dispatcher uses (its real implementation is tested with Redis)."""
+
+    def __init__(self) -> None:
+        self.started: dict[Any, float] = {}
+
+    def notices(self, rounds, timeout):
+        return []
+
+    def started_at(self, keys):
+        return [self.started.get(k) for k in keys]
+
+    def get_many(self, keys):
+        return [None for _ in keys]
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send_task(self, name, **options):
+        self.sent.append(options["task_id"])
+
+
+def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_started(monkeypatch):
+    import farm_coordinator.dispatch as dispatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: clock[0])
+    results = FakeResults()
+    d = CeleryDispatcher(FakeApp(), results, Settings(lost_grace_seconds=5.0), sweep=1.0)  # type: ignore[arg-type]
+    task = problem("a").tasks[0]
+    d.submit([task], "q", (10.0, 20.0))
+    d.collect()
+    assert d.lost() == [] and d.in_flight() == 1
+    results.started[("r", "a", "g0")] = 123.0
+    clock[0] += 20.0
+    d.collect()  # sees the delivery start now
+    clock[0] += 24.0
+    d.collect()
+    assert d.lost() == []  # 24 s after it started: within hard limit + grace
+    clock[0] += 2.0
+    d.collect()
+    assert d.lost() == [task] and d.in_flight() == 0
