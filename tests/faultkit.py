@@ -209,9 +209,11 @@ class FaultFleet:
 
 
 @contextlib.contextmanager
-def fault_fleet(directory: Path, devices: tuple[str, ...], broker_url: str | None = None) -> Iterator[FaultFleet]:
+def fault_fleet(directory: Path, devices: tuple[str, ...], broker_url: str | None = None,
+                env: dict[str, str] | None = None) -> Iterator[FaultFleet]:
     """Two private redis-servers (the broker's with an append-only file, so it restarts on its data), a proxy in
-    front of the decisions one, and ``farm worker`` processes. ``broker_url`` replaces the Redis broker."""
+    front of the decisions one, and ``farm worker`` processes. ``broker_url`` replaces the Redis broker; ``env``
+    overrides FAULT_ENV."""
     broker = Server(free_port(), directory / "broker", aof=True)
     decisions = Server(free_port(), directory / "decisions", aof=False)
     proxy: Proxy | None = None
@@ -220,10 +222,10 @@ def fault_fleet(directory: Path, devices: tuple[str, ...], broker_url: str | Non
         broker.start()
         decisions.start()
         proxy = Proxy(decisions.port)
-        env = farm_env({**FAULT_ENV, "FARM_PREFIX": f"f{uuid.uuid4().hex[:8]}"})
+        environment = farm_env({**FAULT_ENV, **(env or {}), "FARM_PREFIX": f"f{uuid.uuid4().hex[:8]}"})
         url = broker_url or broker.url()
-        settings = Settings.from_env(env, broker_url=url, redis_url=decisions.url())
-        fleet = FaultFleet(broker, decisions, proxy, settings, env, directory, url)
+        settings = Settings.from_env(environment, broker_url=url, redis_url=decisions.url())
+        fleet = FaultFleet(broker, decisions, proxy, settings, environment, directory, url)
         for device in devices:
             fleet.start(device)
         yield fleet
@@ -269,3 +271,41 @@ def wait_busy(f: FaultFleet, timeout: float = 60) -> None:
         return any(w.state == presence.BUSY for w in presence.live_workers(f.client(), f.settings))
 
     wait_for(busy, timeout, "a worker to start a group")
+
+
+def rabbitmq_available() -> bool:
+    if shutil.which("rabbitmqctl") is None:
+        return False
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", 5672)) == 0
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost() -> Iterator[str]:
+    """A vhost of its own on the machine's RabbitMQ (127.0.0.1:5672, guest/guest), removed afterwards; never the
+    default vhost. Without RabbitMQ the test is skipped, or fails when CI=true."""
+    if not rabbitmq_available():
+        message = "RabbitMQ is not running on 127.0.0.1:5672 (python3 tools/dev.py rabbitmq starts a private one)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    name = f"farm-test-{uuid.uuid4().hex[:8]}"
+    _rabbitmqctl("add_vhost", name)
+    try:
+        _rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
+    finally:
+        _rabbitmqctl("delete_vhost", name)
+
+
+def queue_types(amqp_url: str) -> dict[str, str]:
+    """Queue name -> type (classic, quorum) in the vhost of ``amqp_url``."""
+    vhost = amqp_url.rsplit("/", 1)[1]
+    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "type", "--no-table-headers"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
