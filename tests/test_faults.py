@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 from farm_helpers import write_catalog
-from faultkit import FaultFleet, assert_exactly_once, decided_problems, fault_fleet, queue_types, rabbitmq_vhost, wait_busy
+from faultkit import (
+    FaultFleet,
+    assert_exactly_once,
+    decided_problems,
+    fault_fleet,
+    queue_types,
+    rabbitmq_vhost,
+    wait_busy,
+)
 from servers import wait_for
 
 from farm_coordinator.catalog import load_catalog
