@@ -8,19 +8,16 @@ a Redis or broker outage is waited out (back-off, never a traceback); a lost gro
 the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
 releases its leases (:class:`RunInterrupted`).
 
-Progress: ``tune(..., on_event=callback)`` calls ``callback(RunEvent)`` on every state change of a problem and
-on every group result ("group"), "reused", "lost", "outage" and "resumed"; see :class:`RunEvent`.
+Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every state change and group result.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from rich.console import Console
 
@@ -28,6 +25,7 @@ from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
 from farm_coordinator.catalog import Catalog
 from farm_coordinator.dispatch import Dispatcher, task_key
+from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
 from farm_coordinator.plan import Problem, expand
 from farm_coordinator.ports import Fleet, Leases, Results, RunEvent, RunInterrupted, RunLog, RunSummary
@@ -37,8 +35,7 @@ from farm_fleet.protocol import GroupResult, GroupTask
 from farm_fleet.results import StoreUnavailable, reusable, transient
 from farm_fleet.settings import Settings
 
-__all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "new_run_id", "summary_table",
-           "tune"]
+__all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]
 
 
 def new_run_id() -> str:
@@ -92,6 +89,8 @@ class _Run:
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
         self.board = Board([])
+        self.inbox: deque[GroupResult] = deque()  # results collected, not yet handled
+        self.to_decide: deque[str] = deque()  # problems whose groups are all back
         self.to_publish: deque[Aggregate] = deque()  # decided, publication not yet acknowledged by the store
         self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
         self.batch_cap = settings.batch_limit(self.policy)
@@ -138,9 +137,9 @@ class _Run:
                 self.advance = advance
                 self._loop(deadline)
         except KeyboardInterrupt:
-            self._interrupt()
+            interrupt(self)
         self.summary.wall_seconds = time.monotonic() - started
-        self._quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished"))
+        quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished"))
         return self.summary
 
     def _loop(self, deadline: float | None) -> None:
@@ -149,9 +148,9 @@ class _Run:
         while self.board.unfinished:
             try:
                 if deadline is not None and time.monotonic() > deadline:
-                    self._expire()
+                    expire(self)
                     return
-                self._publish_pending()
+                self.drain()
                 if time.monotonic() >= next_upkeep:
                     self._upkeep()
                     waiting_only = self.board.count(*ACTIVE) == 0
@@ -160,12 +159,12 @@ class _Run:
                 for task in self.dispatcher.lost():
                     self._lost(task)
                 self._submit()
-                if self.dispatcher.in_flight() == 0 and not self.queue and not self.to_publish:
+                if self.dispatcher.in_flight() == 0 and not (self.queue or self.to_publish or self.to_decide):
                     # Nothing to wait on but upkeep (problems held elsewhere): sleep, never spin.
                     time.sleep(max(0.0, min(next_upkeep - time.monotonic(), 5.0)))
                     continue
-                for result in self.dispatcher.collect(wait=self.poll):
-                    self._on_result(result)
+                self.inbox.extend(self.dispatcher.collect(wait=self.poll))
+                self.drain()
                 if outage:
                     self.console.log("the farm's Redis and broker answer again; carrying on")
                     self.emit("resumed")
@@ -179,13 +178,18 @@ class _Run:
                 outage = min(max(outage * 2, 0.2), 5.0)
                 time.sleep(outage)
 
-    @staticmethod
-    def _quietly(call: Callable[[], Any]) -> None:
-        try:
-            call()
-        except Exception as e:
-            if not (isinstance(e, StoreUnavailable) or transient(e)):
-                raise
+    def drain(self) -> None:
+        """Handle what arrived, then decide, then publish. Each step leaves its item at the head of its queue
+        until it is done, so an outage in the middle loses nothing: the loop retries once the store answers."""
+        while self.inbox:
+            self._on_result(self.inbox[0])
+            self.inbox.popleft()
+        while self.to_decide:
+            t = self.board[self.to_decide[0]]
+            if t.state in (State.QUEUED, State.RUNNING) and t.problem.done:
+                self._decide(t)
+            self.to_decide.popleft()
+        self.publish_pending()
 
     def _decided(self, problems: list[Problem]) -> set[str]:
         decided: set[str] = set()
@@ -250,7 +254,7 @@ class _Run:
         for t in self.board.members(State.CONFIRMING):
             if t.confirmer is not None and not self.fleet.alive(*t.confirmer):
                 self.dispatcher.forget([(t.round or "", t.pid, CONFIRM_GROUP)])
-                self._decision(unconfirmed(t.problem.confirmation,
+                self.conclude(unconfirmed(t.problem.confirmation,
                                            f"unconfirmed: confirming worker {t.confirmer[0]} went away"))
 
     def _lose(self, t: Tracked) -> None:
@@ -308,9 +312,9 @@ class _Run:
         self.emit("lost", t.problem, task.group)
         if task.group == CONFIRM_GROUP:
             if t.state is State.CONFIRMING:
-                self._decision(unconfirmed(t.problem.confirmation, "unconfirmed: the confirmation was lost"))
+                self.conclude(unconfirmed(t.problem.confirmation, "unconfirmed: the confirmation was lost"))
         elif t.sends.get(task.group, 0) >= self.settings.max_attempts:
-            self._fail(t, f"group {task.group}: no result after {t.sends[task.group]} sends")
+            self.fail(t, f"group {task.group}: no result after {t.sends[task.group]} sends")
         else:
             self.queue.appendleft((task, self.fleet.queue(t.problem.target)))
 
@@ -321,7 +325,7 @@ class _Run:
         problem = t.problem
         if result.group == CONFIRM_GROUP:
             if t.state is State.CONFIRMING:
-                self._decision(confirm(problem.confirmation, result, self.policy))
+                self.conclude(confirm(problem.confirmation, result, self.policy))
             return
         if result.group in problem.results or t.state is State.CONFIRMING:
             return
@@ -337,7 +341,7 @@ class _Run:
         task = next(task for task in problem.tasks if task.group == result.group)
         self.advance(problem.target.digest, len(task.indices))
         if problem.done:
-            self._decide(t)
+            self.to_decide.append(t.pid)
 
     def _decide(self, t: Tracked) -> None:
         agg = aggregate(t.problem, self.policy, self.run)
@@ -350,19 +354,18 @@ class _Run:
                 self.queue.appendleft((confirm_task(t.problem, agg), helper[1]))
                 return
             agg = unconfirmed(agg)
-        self._decision(agg)
+        self.conclude(agg)
 
-    def _decision(self, agg: Aggregate) -> None:
+    def conclude(self, agg: Aggregate) -> None:
         """A problem is decided: publish it (now, or once the store answers again)."""
         t = self.board[agg.problem.problem_id]
         if agg.record is None:
             self.summary.aggregates.append(agg)
-            self._fail(t, agg.error or "nothing to publish", record=False)
+            self.fail(t, agg.error or "nothing to publish", record=False)
             return
         self.to_publish.append(agg)
-        self._publish_pending()
 
-    def _publish_pending(self) -> None:
+    def publish_pending(self) -> None:
         while self.to_publish:
             agg = self.to_publish[0]
             t = self.board[agg.problem.problem_id]
@@ -386,35 +389,11 @@ class _Run:
             if fence is None:
                 self.leases.release(t.pid, t.lease or "")
 
-    def _fail(self, t: Tracked, reason: str, record: bool = True) -> None:
+    def fail(self, t: Tracked, reason: str, record: bool = True) -> None:
         if record:
             self.summary.aggregates.append(Aggregate(t.problem, None, (), None, None, reason, 0.0))
         self.summary.failed.append((t.problem, reason))
         lease = t.lease
         self.board.move(t.pid, State.FAILED, reason)
         if lease is not None:
-            self._quietly(lambda: self.leases.release(t.pid, lease))
-
-    def _expire(self) -> None:
-        """The run's timeout passed: a problem still waiting for a confirmation is published unconfirmed; every
-        other unfinished problem fails (none is published with a group missing)."""
-        self.queue.clear()
-        self.dispatcher.cancel()
-        for t in self.board.members(State.CONFIRMING):
-            self._decision(unconfirmed(t.problem.confirmation, "unconfirmed: no confirmation before the timeout"))
-        for t in self.board.members(State.WAITING):
-            self._fail(t, "held by another coordinator until the timeout")
-        for t in self.board.members(State.QUEUED, State.RUNNING):
-            missing = [task.group for task in t.problem.tasks if task.group not in t.problem.results]
-            self._fail(t, f"no result before the run's timeout for groups {', '.join(missing)}")
-
-    def _interrupt(self) -> None:
-        """Ctrl-C: revoke what is queued or running, release our leases, record the run, and say how to resume."""
-        remaining = self.board.unfinished
-        self._quietly(self.dispatcher.cancel)
-        for t in list(self.board.members(*ACTIVE)):
-            if t.lease is not None:
-                self._quietly(functools.partial(self.leases.release, t.pid, t.lease))
-        self._quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published,
-                                                 state="interrupted"))
-        raise RunInterrupted(self.summary, remaining)
+            quietly(lambda: self.leases.release(t.pid, lease))
