@@ -211,11 +211,11 @@ class FaultFleet:
 @contextlib.contextmanager
 def fault_fleet(directory: Path, devices: tuple[str, ...], broker_url: str | None = None,
                 env: dict[str, str] | None = None) -> Iterator[FaultFleet]:
-    """Two private redis-servers (the broker's with an append-only file, so it restarts on its data), a proxy in
+    """Two private redis-servers (each with an append-only file, so it restarts on its data), a proxy in
     front of the decisions one, and ``farm worker`` processes. ``broker_url`` replaces the Redis broker; ``env``
     overrides FAULT_ENV."""
     broker = Server(free_port(), directory / "broker", aof=True)
-    decisions = Server(free_port(), directory / "decisions", aof=False)
+    decisions = Server(free_port(), directory / "decisions", aof=True)
     proxy: Proxy | None = None
     fleet: FaultFleet | None = None
     try:

@@ -129,6 +129,22 @@ def test_a_frozen_decisions_redis_is_waited_out_and_presence_heals(tmp_path, bro
         wait_for(both_back, 30, "both workers' presence records to heal")
 
 
+def test_a_decisions_redis_killed_and_restarted_on_its_data_is_waited_out_without_a_traceback(tmp_path):
+    # A retry budget of 1 s: the 3-second outage reaches the coordinator's loop and the tasks' broker retries.
+    with fault_fleet(tmp_path, ("cpu:0", "cpu:1"), env={"FARM_STORE_RETRY_SECONDS": "1"}) as f:
+        coordinator = Coordinator(f, write_catalog(tmp_path / "c.toml", CATALOG))
+        coordinator.start()
+        wait_busy(f)
+        f.decisions.kill()
+        time.sleep(3.0)  # the fault itself: the decisions Redis is down for 3 s
+        f.decisions.start()
+        summary = coordinator.join_summary()
+        finished_cleanly(summary)
+        assert_exactly_once(f, PROBLEMS)
+        logs = "".join(coordinator.logs)
+        assert "waiting for it to come back" in logs and "answer again; carrying on" in logs
+
+
 def test_a_broker_killed_and_restarted_on_its_data_stalls_the_run_only_boundedly(tmp_path):
     with fault_fleet(tmp_path, ("cpu:0", "cpu:1")) as f:
         coordinator = Coordinator(f, write_catalog(tmp_path / "c.toml", CATALOG))
