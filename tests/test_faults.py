@@ -193,9 +193,9 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, broker):
             assert {t for name, t in types.items() if name.startswith("farm.fp.")} == {"quorum"}, types
 
 
-def test_a_persistent_outage_inside_a_task_is_retried_by_the_broker_never_acknowledged_as_done(tmp_path):
+def test_a_persistent_outage_inside_a_task_is_retried_by_the_broker_never_acknowledged_as_done(tmp_path, broker):
     # The task gives up on the store after 1 s and goes back to the broker; the cut lasts several of those.
-    with fault_fleet(tmp_path, ("cpu:0", "cpu:1"), env={"FARM_STORE_RETRY_SECONDS": "1"}) as f:
+    with fault_fleet(tmp_path, ("cpu:0", "cpu:1"), broker, env={"FARM_STORE_RETRY_SECONDS": "1"}) as f:
         coordinator = Coordinator(f, write_catalog(tmp_path / "c.toml", CATALOG))
         coordinator.start()
         wait_busy(f)
