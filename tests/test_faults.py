@@ -36,7 +36,7 @@ pytestmark = pytest.mark.servers
 CATALOG = """
 [[problems]]
 operation = "farmtest_scale"
-workloads = [{ n = 60000, dtype = "float64" }, { n = 60001, dtype = "float64" }, { n = 60002, dtype = "float64" }]
+workloads = [{ n = 300000, dtype = "float64" }, { n = 300001, dtype = "float64" }, { n = 300002, dtype = "float64" }]
 """
 PROBLEMS = 3
 
