@@ -96,3 +96,26 @@ def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_sta
     clock[0] += 2.0
     d.collect()
     assert d.lost() == [task] and d.in_flight() == 0
+
+
+def test_a_run_reports_each_problem_state_and_group_result_to_its_event_hook(tmp_path):
+    from farm_helpers import write_catalog
+
+    from farm_cli import _embedded_parts
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
+
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 500, dtype = "float64" }]
+"""), ("farm_testops",))
+    settings = Settings()
+    events: list[Any] = []
+    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    summary = tune(catalog, settings=settings, on_event=events.append, **parts)
+    kinds = [e.kind for e in events]
+    assert kinds == ["queued", "running", "group", "group", "published"]
+    assert (events[-1].groups_done, events[-1].groups_total) == (2, 2)
+    assert events[0].problem is summary.aggregates[0].problem
+    assert (summary.ran, summary.reused, summary.published) == (2, 0, 1)
