@@ -6,8 +6,9 @@ was sent, when, and when it counts as lost.
   notices workers push (``prefix:done:<round>``) and reads only the results they name, plus a sweep of what is in
   flight every ``sweep`` seconds (a notice lost while Redis was unreachable). A group is **lost** (sent again by
   the coordinator) when it has no result ``Settings.lost_after(hard limit)`` seconds after its delivery started,
-  or, never started, after its queue last moved (a message stuck in a restarted broker, or given to a worker
-  that died), or at once when its batch ended without running it.
+  or at once when its batch ended without running it. A group that never started while its queue stood still
+  that long (a message stuck in a restarted broker, or held by a worker that died) is sent again by the
+  dispatcher itself, backing off (each wait twice the last).
 - :class:`LocalDispatcher`: the embedded farm: runs each task in-process through an injected ``execute`` (the CLI
   passes :func:`farm_workers.tasks.run_group`, the very function the Celery task runs for each group of a batch).
 """
@@ -44,7 +45,8 @@ class Dispatcher(Protocol):
         ...
 
     def lost(self) -> list[GroupTask]:
-        """Groups in flight that will not come back as sent (past their deadline, or not run): send again."""
+        """Groups in flight that will not come back: started but past their deadline, or their batch ended
+        without running them. The coordinator sends them again or gives up on them."""
         ...
 
     def forget(self, keys: list[Key]) -> None:
@@ -64,7 +66,8 @@ class Flight:
     queue: str
     task_id: str
     sent: float
-    hard: float
+    limits: tuple[float, float]
+    resent: int = 0  # times sent again by this dispatcher because it never started
     started: float | None = None  # monotonic time this coordinator saw the latest delivery start
     mark: float | None = None  # that delivery's start mark, as the worker wrote it
 
@@ -86,18 +89,22 @@ class CeleryDispatcher:
         return len(self._pending)
 
     def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
-        soft, hard = limits
-        first = tasks[0]
-        task_id = f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}"
-        self.app.send_task(GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft,
-                           time_limit=hard, task_id=task_id, ignore_result=True)
+        task_id = self._send(tasks, queue, limits)
         now = time.monotonic()
         self._moved.setdefault(queue, now)
         for task in tasks:
             key = task_key(task)
             if key not in self._pending:
                 self._rounds[task.run] += 1
-            self._pending[key] = Flight(task, queue, task_id, now, hard)
+            self._pending[key] = Flight(task, queue, task_id, now, limits)
+
+    def _send(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> str:
+        soft, hard = limits
+        first = tasks[0]
+        task_id = f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}"
+        self.app.send_task(GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft,
+                           time_limit=hard, task_id=task_id, ignore_result=True)
+        return task_id
 
     def _pop(self, key: Key) -> Flight | None:
         flight = self._pending.pop(key, None)
@@ -152,10 +159,16 @@ class CeleryDispatcher:
             return lost
         self._last_deadlines = now
         for key, flight in list(self._pending.items()):
-            since = flight.started if flight.started is not None else max(flight.sent, self._moved.get(flight.queue, 0.0))
-            if now - since > self.settings.lost_after(flight.hard):
-                self._pop(key)
-                lost.append(flight.task)
+            patience = self.settings.lost_after(flight.limits[1])
+            if flight.started is not None:
+                if now - flight.started > patience:  # started and never finished: the coordinator decides
+                    self._pop(key)
+                    lost.append(flight.task)
+            elif now - max(flight.sent, self._moved.get(flight.queue, 0.0)) > patience * 2 ** flight.resent:
+                # Never started while its queue stood still (a message lost in a broker restart, or held by a
+                # worker that died): send it again, backing off (a busy fleet only looks like a stuck one).
+                flight.task_id = self._send([flight.task], flight.queue, flight.limits)
+                flight.sent, flight.resent = now, flight.resent + 1
         return lost
 
     def forget(self, keys: list[Key]) -> None:

@@ -63,7 +63,8 @@ class Tracked:
     lease: str | None = None  # the lease value (holder#token) while this coordinator holds it
     round: str | None = None  # the round its group results live under
     confirmer: tuple[str, str] | None = None  # (worker id, incarnation) re-timing the winner
-    sends: dict[str, int] = field(default_factory=dict)  # group -> times sent in this run
+    sends: dict[str, int] = field(default_factory=dict)  # group -> times the coordinator sent it in this run
+    lost: dict[str, int] = field(default_factory=dict)  # group -> times it started and never came back
     note: str = ""  # why it failed, or how it was published
 
     @property

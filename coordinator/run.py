@@ -1,10 +1,9 @@
-"""A tuning run: validate the catalog, target live fingerprints, dispatch group tasks with backpressure,
-aggregate and confirm winners, publish decisions, and show progress and a summary.
+"""A tuning run: target live fingerprints, dispatch group tasks with backpressure, aggregate, confirm, publish.
 
 The run drives the state machine of ``farm_coordinator.machine``: every event does O(1) work on its problem, and
 upkeep (leases, waiting problems, confirmations) visits only the problems in the states it concerns. Faults:
 a Redis or broker outage is waited out (back-off, never a traceback); a lost group is sent again (bounded by
-``FARM_MAX_ATTEMPTS`` sends, then the problem fails: none is published with a group missing); a lost lease stops
+``FARM_MAX_ATTEMPTS`` losses, then the problem fails: none is published with a group missing); a lost lease stops
 the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
 releases its leases (:class:`RunInterrupted`).
 
@@ -216,6 +215,7 @@ class _Run:
             t.problem.results.clear()
             t.problem.confirmation = t.problem.confirmation_result = None
             t.sends.clear()
+            t.lost.clear()
             self.board.move(t.pid, State.QUEUED)
         if self.results is not None:
             keys = [task_key(task) for t in mine for task in t.problem.tasks]
@@ -309,12 +309,13 @@ class _Run:
         if t is None or t.state not in ACTIVE or task.run != t.round:
             return
         self.summary.resent += 1
+        t.lost[task.group] = lost = t.lost.get(task.group, 0) + 1
         self.emit("lost", t.problem, task.group)
         if task.group == CONFIRM_GROUP:
             if t.state is State.CONFIRMING:
                 self.conclude(unconfirmed(t.problem.confirmation, "unconfirmed: the confirmation was lost"))
-        elif t.sends.get(task.group, 0) >= self.settings.max_attempts:
-            self.fail(t, f"group {task.group}: no result after {t.sends[task.group]} sends")
+        elif lost >= self.settings.max_attempts:
+            self.fail(t, f"group {task.group}: started {lost} times and never came back")
         else:
             self.queue.appendleft((task, self.fleet.queue(t.problem.target)))
 

@@ -119,3 +119,22 @@ workloads = [{ n = 500, dtype = "float64" }]
     assert (events[-1].groups_done, events[-1].groups_total) == (2, 2)
     assert events[0].problem is summary.aggregates[0].problem
     assert (summary.ran, summary.reused, summary.published) == (2, 0, 1)
+
+
+def test_a_group_that_never_starts_while_its_queue_stands_still_is_sent_again_with_back_off(monkeypatch):
+    import farm_coordinator.dispatch as dispatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: clock[0])
+    app = FakeApp()
+    d = CeleryDispatcher(app, FakeResults(), Settings(lost_grace_seconds=5.0), sweep=1.0)  # type: ignore[arg-type]
+    d.submit([problem("a").tasks[0]], "q", (10.0, 20.0))
+    sent_at = []
+    for _ in range(160):  # 160 s of a queue that never moves
+        clock[0] += 1.0
+        d.collect()
+        assert d.lost() == []  # never started: the dispatcher sends it again itself
+        if len(app.sent) > len(sent_at) + 1:
+            sent_at.append(clock[0])
+    assert [round(t - 1000) for t in sent_at] == [26, 77]  # after 25 s, then 50 s more: backing off
+    assert d.in_flight() == 1
