@@ -32,8 +32,10 @@ def expire(run: _Run) -> None:
     quietly(run.dispatcher.cancel)
     for t in run.board.members(State.CONFIRMING):
         run.conclude(unconfirmed(t.problem.confirmation, "unconfirmed: no confirmation before the timeout"))
+    run.claims.backlog.clear()
     for t in run.board.members(State.WAITING):
-        run.fail(t, "held by another coordinator until the timeout")
+        held = t.pid in run.claims.elsewhere
+        run.fail(t, "held by another coordinator until the timeout" if held else "not started before the timeout")
     for t in run.board.members(State.QUEUED, State.RUNNING):
         missing = [task.group for task in t.problem.tasks if task.group not in t.problem.results]
         run.fail(t, f"no result before the run's timeout for groups {', '.join(missing)}")

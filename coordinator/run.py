@@ -12,7 +12,6 @@ Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every st
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections import deque
@@ -23,7 +22,8 @@ from rich.console import Console
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows
 from farm_coordinator.catalog import Catalog
-from farm_coordinator.dispatch import Dispatcher, task_key
+from farm_coordinator.claims import Claims
+from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
 from farm_coordinator.plan import Problem, expand
@@ -31,7 +31,7 @@ from farm_coordinator.ports import Fleet, Leases, Results, RunEvent, RunInterrup
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, progress, summary_table, unconfirmed
 from farm_coordinator.sinks import Sink
 from farm_fleet.protocol import GroupResult, GroupTask
-from farm_fleet.results import StoreUnavailable, reusable, transient
+from farm_fleet.results import StoreUnavailable, transient
 from farm_fleet.settings import Settings
 
 __all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]
@@ -88,6 +88,7 @@ class _Run:
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
         self.board = Board([])
+        self.claims = Claims(self, [])
         self.inbox: deque[GroupResult] = deque()  # results collected, not yet handled
         self.to_decide: deque[str] = deque()  # problems whose groups are all back
         self.to_publish: deque[Aggregate] = deque()  # decided, publication not yet acknowledged by the store
@@ -96,7 +97,6 @@ class _Run:
         self.summary = RunSummary(run)
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
-        self.wait_interval = 0.5  # upkeep of waiting problems backs off from here up to lease_ttl / 3
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -123,10 +123,11 @@ class _Run:
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
         self.summary.devices = sum(max(1, len(t.workers)) for t in targets)
         if not self.force:
-            decided = self._decided(problems)
+            decided = self.claims.decided(problems)
             self.summary.already_decided = [p for p in problems if p.problem_id in decided]
             problems = [p for p in problems if p.problem_id not in decided]
         self.board = Board(problems, self._moved)
+        self.claims = Claims(self, [p.problem_id for p in problems])
         self.summary.tasks = sum(len(p.tasks) for p in problems)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
@@ -150,10 +151,11 @@ class _Run:
                     expire(self)
                     return
                 self.drain()
+                self.claims.refill()
                 if time.monotonic() >= next_upkeep:
-                    self._upkeep()
+                    self.claims.upkeep()
                     waiting_only = self.board.count(*ACTIVE) == 0
-                    interval = self.wait_interval if waiting_only else min(1.0, self.settings.lease_ttl / 3)
+                    interval = self.claims.wait_interval if waiting_only else min(1.0, self.settings.lease_ttl / 3)
                     next_upkeep = time.monotonic() + interval
                 for task in self.dispatcher.lost():
                     self._lost(task)
@@ -181,7 +183,7 @@ class _Run:
         """Handle what arrived, then decide, then publish. Each step leaves its item at the head of its queue
         until it is done, so an outage in the middle loses nothing: the loop retries once the store answers."""
         while self.inbox:
-            self._on_result(self.inbox[0])
+            self.on_result(self.inbox[0])
             self.inbox.popleft()
         while self.to_decide:
             t = self.board[self.to_decide[0]]
@@ -189,80 +191,6 @@ class _Run:
                 self._decide(t)
             self.to_decide.popleft()
         self.publish_pending()
-
-    def _decided(self, problems: list[Problem]) -> set[str]:
-        decided: set[str] = set()
-        by_digest: dict[str, list[str]] = {}
-        for p in problems:
-            by_digest.setdefault(p.target.digest, []).append(p.problem_id)
-        for digest, pids in by_digest.items():
-            decided |= self.sink.decided(digest, pids)
-        return decided
-
-    def _claim(self, candidates: list[Tracked]) -> None:
-        """Lease what is free, give each leased problem its round, reuse the successful results stored under it
-        (failed ones are discarded: they run again), queue the rest."""
-        if not candidates:
-            return
-        held = self.leases.acquire([t.pid for t in candidates], self.run)
-        mine = [t for t in candidates if t.pid in held]
-        if not mine:
-            return
-        rounds = self.leases.rounds([t.pid for t in mine], self.run, fresh=self.force)
-        for t in mine:
-            t.lease, t.round = held[t.pid], rounds[t.pid]
-            t.problem.tasks = [dataclasses.replace(task, run=t.round) for task in t.problem.tasks]
-            t.problem.results.clear()
-            t.problem.confirmation = t.problem.confirmation_result = None
-            t.sends.clear()
-            t.lost.clear()
-            self.board.move(t.pid, State.QUEUED)
-        if self.results is not None:
-            keys = [task_key(task) for t in mine for task in t.problem.tasks]
-            stale = []
-            for key, found in zip(keys, self.results.get_many(keys), strict=True):
-                if reusable(found):
-                    assert found is not None
-                    self._on_result(found, reused=True)
-                elif found is not None:
-                    stale.append(key)
-            if stale:
-                self.results.discard(stale)
-        for t in mine:
-            if t.state is State.QUEUED:
-                name = self.fleet.queue(t.problem.target)
-                self.queue.extend((task, name) for task in t.problem.tasks if task.group not in t.problem.results)
-
-    def _upkeep(self) -> None:
-        """Renew our leases (stop working on lost ones), settle problems others decided, take over problems whose
-        holder went away, and give up on confirmations whose worker (incarnation) went away."""
-        self.runlog.update(self.run, self.groups_done, self.summary.published)
-        active = {t.pid: t.lease for t in self.board.members(*ACTIVE) if t.lease is not None}
-        for pid in self.leases.renew(active) if active else set():
-            self._lose(self.board[pid])
-        waiting = list(self.board.members(State.WAITING))
-        if waiting:
-            decided = set() if self.force else self._decided([t.problem for t in waiting])
-            for t in waiting:
-                if t.pid in decided:
-                    self.summary.already_decided.append(t.problem)
-                    self.board.move(t.pid, State.PUBLISHED, "decided by another coordinator")
-            before = self.board.count(State.WAITING)
-            self._claim([t for t in waiting if t.state is State.WAITING])
-            progressed = self.board.count(State.WAITING) < before or decided
-            self.wait_interval = 0.5 if progressed else min(self.wait_interval * 2, max(0.5, self.settings.lease_ttl / 3))
-        for t in self.board.members(State.CONFIRMING):
-            if t.confirmer is not None and not self.fleet.alive(*t.confirmer):
-                self.dispatcher.forget([(t.round or "", t.pid, CONFIRM_GROUP)])
-                self.conclude(unconfirmed(t.problem.confirmation,
-                                           f"unconfirmed: confirming worker {t.confirmer[0]} went away"))
-
-    def _lose(self, t: Tracked) -> None:
-        """Another coordinator holds the problem now: stop working on it (its queued tasks are skipped)."""
-        self.console.log(f"lost the lease of problem {t.pid}; stopped working on it")
-        self.dispatcher.forget([task_key(task) for task in t.problem.tasks]
-                               + [(t.round or "", t.pid, CONFIRM_GROUP)])
-        self.board.move(t.pid, State.WAITING, "lease lost")
 
     def _batch_size(self) -> int:
         """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
@@ -319,7 +247,7 @@ class _Run:
         else:
             self.queue.appendleft((task, self.fleet.queue(t.problem.target)))
 
-    def _on_result(self, result: GroupResult, reused: bool = False) -> None:
+    def on_result(self, result: GroupResult, reused: bool = False) -> None:
         t = self.board.get(result.problem_id)
         if t is None or t.state not in ACTIVE or result.run != t.round:
             return
@@ -379,11 +307,11 @@ class _Run:
                                            trial_rows(agg.problem, agg.judged), fence=fence)
             self.to_publish.popleft()
             if reason.startswith("refused"):
-                if t.pid in self._decided([t.problem]):  # our own publication whose reply was lost, or theirs
+                if t.pid in self.claims.decided([t.problem]):  # our own publication whose reply was lost, or theirs
                     self.summary.aggregates.append(agg)
                     self.board.move(t.pid, State.PUBLISHED, "published")
                 else:
-                    self._lose(t)
+                    self.claims.lose(t)
                 continue
             self.summary.aggregates.append(agg)
             self.board.move(t.pid, State.PUBLISHED, reason)
