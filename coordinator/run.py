@@ -30,7 +30,7 @@ from farm_coordinator.plan import Problem, expand
 from farm_coordinator.ports import Fleet, Leases, Results, RunEvent, RunInterrupted, RunLog, RunSummary
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, progress, summary_table, unconfirmed
 from farm_coordinator.sinks import Sink
-from farm_fleet.protocol import GroupResult, GroupTask
+from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
 from farm_fleet.results import StoreUnavailable, transient
 from farm_fleet.settings import Settings
 
@@ -252,9 +252,13 @@ class _Run:
         if t is None or t.state not in ACTIVE or result.run != t.round:
             return
         problem = t.problem
+        if result.group == CONFIRM_GROUP and t.state is State.CONFIRMING:
+            # A confirmation task that failed as a task (no trials: killed, timed out waiting for the device) is
+            # no verdict on the winner: the decision is published unconfirmed, saying why.
+            failed = result.status != STATUS_OK and not result.outcomes
+            self.conclude(unconfirmed(problem.confirmation, f"unconfirmed: the confirmation failed ({result.error})")
+                          if failed else confirm(problem.confirmation, result, self.policy))
         if result.group == CONFIRM_GROUP:
-            if t.state is State.CONFIRMING:
-                self.conclude(confirm(problem.confirmation, result, self.policy))
             return
         if result.group in problem.results or t.state is State.CONFIRMING:
             return
