@@ -311,9 +311,9 @@ class _Run:
                                            trial_rows(agg.problem, agg.judged), fence=fence)
             self.to_publish.popleft()
             if reason.startswith("refused"):
-                if t.pid in self.claims.decided([t.problem]):  # our own publication whose reply was lost, or theirs
-                    self.summary.aggregates.append(agg)
-                    self.board.move(t.pid, State.PUBLISHED, "published")
+                if t.pid in self.claims.decided([t.problem]):  # theirs (or ours, its reply lost and the call retried)
+                    self.summary.already_decided.append(t.problem)
+                    self.board.move(t.pid, State.PUBLISHED, "decided by another coordinator")
                 else:
                     self.claims.lose(t)
                 continue
