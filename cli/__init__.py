@@ -138,7 +138,8 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)
         except BaseException as e:
-            _abandon(parts, run_id, progress, "interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+            interrupted = isinstance(e, KeyboardInterrupt) or getattr(e, "exit_code", None) == 130
+            _abandon(parts, run_id, progress, "interrupted" if interrupted else "failed")
             raise
         reused = report.decided_records(parts["sink"], summary.already_decided) if summary.already_decided else {}
     rows = report.rows(summary, reused)
@@ -151,8 +152,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
         click.echo(report.LEGEND)
         where = "Redis" if broker else str(cache_dir)
         click.echo(f"{summary.published} decisions published to {where} in {summary.wall_seconds:.1f}s "
-                   f"({summary.tasks} group tasks run; {len(summary.already_decided)} problems reused from earlier "
-                   f"runs{', add --force to re-tune them' if summary.already_decided else ''})")
+                   f"({summary.tasks} group tasks: {summary.ran} group results ran, {summary.reused} reused; "
+                   f"{len(summary.already_decided)} problems reused from earlier runs"
+                   f"{', add --force to re-tune them' if summary.already_decided else ''})")
     for line in failed:
         click.echo(f"farm: failed: {line}", err=True)
     if failed:

@@ -1,8 +1,14 @@
-"""Dispatchers: how group tasks reach devices and results come back.
+"""Dispatchers: how group tasks reach devices and results come back. A dispatcher owns its pending work: what
+was sent, when, and when it counts as lost.
 
 - :class:`CeleryDispatcher`: ``send_task`` to the fingerprint's (or a worker's own) queue with time limits from
-  the policy; results are read from the shared results store as they complete (no chords); a task Celery marks
-  failed without a stored result (hard time limit, lost beyond retries) becomes a failed group result.
+  the policy. Results travel one way, through the farm's results store: the coordinator blocks on the completion
+  notices workers push (``prefix:done:<round>``) and reads only the results they name, plus a sweep of what is in
+  flight every ``sweep`` seconds (a notice lost while Redis was unreachable). A group is **lost** (sent again by
+  the coordinator) when it has no result ``Settings.lost_after(hard limit)`` seconds after its delivery started,
+  or at once when its batch ended without running it. A group that never started while its queue stood still
+  that long (a message stuck in a restarted broker, or held by a worker that died) is sent again by the
+  dispatcher itself, backing off (each wait twice the last).
 - :class:`LocalDispatcher`: the embedded farm: runs each task in-process through an injected ``execute`` (the CLI
   passes :func:`farm_workers.tasks.run_group`, the very function the Celery task runs for each group of a batch).
 """
@@ -10,9 +16,10 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from farm_fleet.protocol import GROUP_TASK, GroupResult, GroupTask
 from farm_fleet.results import RedisResults
@@ -25,68 +32,159 @@ def task_key(task: GroupTask) -> Key:
     return (task.run, task.problem_id, task.group)
 
 
+class Dispatcher(Protocol):
+    """The coordinator's port to the devices. It owns what is in flight."""
+
+    def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
+        """Send ``tasks`` as one unit of work (groups run in order on one device). Raises on a broker outage,
+        with nothing recorded as sent."""
+        ...
+
+    def collect(self, wait: float = 0.0) -> list[GroupResult]:
+        """Results that arrived, blocking up to ``wait`` seconds for the first (never spinning)."""
+        ...
+
+    def lost(self) -> list[GroupTask]:
+        """Groups in flight that will not come back: started but past their deadline, or their batch ended
+        without running them. The coordinator sends them again or gives up on them."""
+        ...
+
+    def forget(self, keys: list[Key]) -> None:
+        """Stop waiting for these groups (a lease was lost, a confirmation given up)."""
+        ...
+
+    def in_flight(self) -> int: ...
+
+    def cancel(self) -> list[GroupTask]:
+        """Revoke everything still pending (Ctrl-C); return it."""
+        ...
+
+
+@dataclass
+class Flight:
+    task: GroupTask
+    queue: str
+    task_id: str
+    sent: float
+    limits: tuple[float, float]
+    resent: int = 0  # times sent again by this dispatcher because it never started
+    started: float | None = None  # monotonic time this coordinator saw the latest delivery start
+    mark: float | None = None  # that delivery's start mark, as the worker wrote it
+
+
 class CeleryDispatcher:
-    def __init__(self, app: Any, results: RedisResults, settings: Settings, state_poll: float = 1.0) -> None:
+    def __init__(self, app: Any, results: RedisResults, settings: Settings, sweep: float = 1.0) -> None:
         self.app = app
         self.results = results
         self.settings = settings
-        self.pending: dict[Key, tuple[GroupTask, Any]] = {}
-        self.unrun: list[GroupTask] = []
-        self._state_poll = state_poll
-        self._last_state_check = 0.0
+        self._pending: dict[Key, Flight] = {}
+        self._rounds: Counter[str] = Counter()
+        self._moved: dict[str, float] = {}  # queue -> when a task of it last started or finished
+        self._unrun: list[Key] = []
+        self._sweep = sweep
+        self._last_sweep = 0.0
+        self._last_deadlines = 0.0
+
+    def in_flight(self) -> int:
+        return len(self._pending)
 
     def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
-        """Send one Celery task carrying ``tasks`` (groups run in order on one device)."""
+        task_id = self._send(tasks, queue, limits)
+        now = time.monotonic()
+        self._moved.setdefault(queue, now)
+        for task in tasks:
+            key = task_key(task)
+            if key not in self._pending:
+                self._rounds[task.run] += 1
+            self._pending[key] = Flight(task, queue, task_id, now, limits)
+
+    def _send(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> str:
         soft, hard = limits
         first = tasks[0]
-        handle = self.app.send_task(
-            GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft, time_limit=hard,
-            task_id=f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}",
-            # The name Flower and its metrics show (the worker still runs GROUP_TASK): split by operation.
-            shadow=f"{GROUP_TASK}:{first.operation}" if len({t.operation for t in tasks}) == 1 else GROUP_TASK,
-        )
-        for task in tasks:
-            self.pending[task_key(task)] = (task, handle)
+        task_id = f"{first.run}.{first.problem_id}.{first.group}.x{len(tasks)}.{time.time_ns()}"
+        # The name Flower and its metrics show (the worker still runs GROUP_TASK): split by operation.
+        shadow = f"{GROUP_TASK}:{first.operation}" if len({t.operation for t in tasks}) == 1 else GROUP_TASK
+        self.app.send_task(GROUP_TASK, args=[[t.to_dict() for t in tasks]], queue=queue, soft_time_limit=soft,
+                           time_limit=hard, task_id=task_id, ignore_result=True, shadow=shadow)
+        return task_id
 
-    def take_unrun(self) -> list[GroupTask]:
-        """Groups whose batch finished without running them (stopped after a hung candidate): send again."""
-        unrun, self.unrun = self.unrun, []
-        return unrun
+    def _pop(self, key: Key) -> Flight | None:
+        flight = self._pending.pop(key, None)
+        if flight is not None:
+            self._rounds[flight.task.run] -= 1
+            if self._rounds[flight.task.run] <= 0:
+                del self._rounds[flight.task.run]
+        return flight
 
     def collect(self, wait: float = 0.0) -> list[GroupResult]:
-        """Results that completed since the last call. Blocks up to ``wait`` seconds for a completion notice
-        from a worker, then reads every pending result at once; tasks Celery failed are checked every second."""
-        if not self.pending:
+        if not self._pending:
+            if wait > 0:
+                time.sleep(wait)
             return []
-        if wait > 0:
-            self.results.wait(sorted({k[0] for k in self.pending}), wait)
-        keys = list(self.pending)
-        done: list[GroupResult] = []
-        for key, result in zip(keys, self.results.get_many(keys), strict=True):
-            if result is not None:
-                done.append(result)
-                del self.pending[key]
+        ready: set[Key] = set()
+        for kind, key in self.results.notices(list(self._rounds), wait):
+            if key in self._pending:
+                if kind == "result":
+                    ready.add(key)
+                else:
+                    self._unrun.append(key)
         now = time.monotonic()
-        if self.pending and now - self._last_state_check >= self._state_poll:
-            self._last_state_check = now
-            states: dict[str, str] = {}
-            for key, (task, handle) in list(self.pending.items()):
-                state = states.setdefault(handle.id, handle.state)
-                if state in ("FAILURE", "REVOKED"):
-                    error = f"task {state.lower()}: {handle.result!r}"
-                    done.append(self.results.put_if_absent(GroupResult.failed(task, error)))
-                    del self.pending[key]
-                elif state == "SUCCESS":
-                    late = self.results.get(*key)  # stored just after the read above?
-                    if late is not None:
-                        done.append(late)
-                    else:
-                        self.unrun.append(task)
-                    del self.pending[key]
+        if now - self._last_sweep >= self._sweep:
+            self._last_sweep = now
+            keys = list(self._pending)
+            ready.update(keys)
+            for key, at in zip(keys, self.results.started_at(keys), strict=True):
+                flight = self._pending[key]
+                # A new delivery started: timed from when this coordinator saw it (no cross-host clock skew).
+                if at is not None and at != flight.mark:
+                    flight.mark, flight.started = at, now
+                    self._moved[flight.queue] = now
+        order = list(ready)
+        done: list[GroupResult] = []
+        for key, result in zip(order, self.results.get_many(order), strict=True):
+            if result is not None:
+                landed = self._pop(key)
+                if landed is not None:
+                    self._moved[landed.queue] = now
+                done.append(result)
         return done
 
-    def close(self) -> None:
-        self.pending.clear()
+    def lost(self) -> list[GroupTask]:
+        now = time.monotonic()
+        lost: list[GroupTask] = []
+        for key in self._unrun:
+            unrun = self._pop(key)
+            if unrun is not None:
+                lost.append(unrun.task)
+        self._unrun.clear()
+        if now - self._last_deadlines < self._sweep:
+            return lost
+        self._last_deadlines = now
+        for key, flight in list(self._pending.items()):
+            patience = self.settings.lost_after(flight.limits[1])
+            if flight.started is not None:
+                if now - flight.started > patience:  # started and never finished: the coordinator decides
+                    self._pop(key)
+                    lost.append(flight.task)
+            elif now - max(flight.sent, self._moved.get(flight.queue, 0.0)) > patience * 2 ** flight.resent:
+                # Never started while its queue stood still (a message lost in a broker restart, or held by a
+                # worker that died): send it again, backing off (a busy fleet only looks like a stuck one).
+                flight.task_id = self._send([flight.task], flight.queue, flight.limits)
+                flight.sent, flight.resent = now, flight.resent + 1
+        return lost
+
+    def forget(self, keys: list[Key]) -> None:
+        for key in keys:
+            self._pop(key)
+
+    def cancel(self) -> list[GroupTask]:
+        ids = sorted({f.task_id for f in self._pending.values()})
+        tasks = [f.task for f in self._pending.values()]
+        if ids:
+            self.app.control.revoke(ids)
+        self._pending.clear()
+        self._rounds.clear()
+        return tasks
 
 
 class LocalDispatcher:
@@ -94,22 +192,27 @@ class LocalDispatcher:
 
     def __init__(self, execute: Callable[[GroupTask, str], GroupResult]) -> None:
         self.execute = execute
-        self.queue: deque[tuple[GroupTask, str]] = deque()
+        self._queue: deque[tuple[GroupTask, str]] = deque()
 
-    @property
-    def pending(self) -> dict[Key, tuple[GroupTask, str]]:
-        return {task_key(t): (t, q) for t, q in self.queue}
+    def in_flight(self) -> int:
+        return len(self._queue)
 
     def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None:
-        self.queue.extend((task, queue) for task in tasks)
+        self._queue.extend((task, queue) for task in tasks)
 
-    def take_unrun(self) -> list[GroupTask]:
+    def lost(self) -> list[GroupTask]:
         return []
 
     def collect(self, wait: float = 0.0) -> list[GroupResult]:
-        if not self.queue:
+        if not self._queue:
             return []
-        return [self.execute(*self.queue.popleft())]
+        return [self.execute(*self._queue.popleft())]
 
-    def close(self) -> None:
-        self.queue.clear()
+    def forget(self, keys: list[Key]) -> None:
+        drop = set(keys)
+        self._queue = deque((t, q) for t, q in self._queue if task_key(t) not in drop)
+
+    def cancel(self) -> list[GroupTask]:
+        tasks = [t for t, _ in self._queue]
+        self._queue.clear()
+        return tasks

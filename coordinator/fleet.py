@@ -35,14 +35,24 @@ class RedisFleet:
     def queue(self, target: Target) -> str:
         return self.settings.fingerprint_queue(target.digest)
 
-    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str] | None:
+    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str, str] | None:
+        """(worker id, its own queue, its incarnation) of another serving worker of the fingerprint."""
         for w in self.workers():
             if w.fingerprint == target.digest and w.worker_id != exclude:
-                return w.worker_id, w.queue
+                return w.worker_id, w.queue, w.incarnation
         return None
 
-    def alive(self, worker_id: str) -> bool:
-        return any(w.worker_id == worker_id for w in self.workers())
+    def alive(self, worker_id: str, incarnation: str = "") -> bool:
+        """Whether this incarnation of the worker still serves: one read of its record. A worker restarted under
+        the same id is a new incarnation and does not count (what was sent to the old one is lost)."""
+        data = self.client.hgetall(self.settings.worker_key(worker_id))
+        try:
+            w = presence.WorkerInfo.from_fields(data)
+        except (KeyError, ValueError):
+            return False
+        if incarnation and w.incarnation != incarnation:
+            return False
+        return w.effective_state(self.settings) in SERVING
 
 
 class LocalFleet:
@@ -62,13 +72,13 @@ class LocalFleet:
     def queue(self, target: Target) -> str:
         return f"local.fp.{target.digest}"
 
-    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str] | None:
+    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str, str] | None:
         for worker_id, c in self.contexts.items():
             if c.digest == target.digest and worker_id != exclude:
-                return worker_id, f"local.worker.{worker_id}"
+                return worker_id, f"local.worker.{worker_id}", ""
         return None
 
-    def alive(self, worker_id: str) -> bool:
+    def alive(self, worker_id: str, incarnation: str = "") -> bool:
         return worker_id in self.contexts
 
     def context_for(self, task: GroupTask, queue: str) -> Any:

@@ -1,103 +1,53 @@
-"""A tuning run: validate the catalog, target live fingerprints, dispatch group tasks with backpressure,
-aggregate and confirm winners, publish decisions, and show progress and a summary."""
+"""A tuning run: target live fingerprints, dispatch group tasks with backpressure, aggregate, confirm, publish.
+
+The run drives the state machine of ``farm_coordinator.machine``: every event does O(1) work on its problem, and
+upkeep (leases, waiting problems, confirmations) visits only the problems in the states it concerns. Faults:
+a Redis or broker outage is waited out (back-off, never a traceback); a lost group is sent again (bounded by
+``FARM_MAX_ATTEMPTS`` losses, then the problem fails: none is published with a group missing); a lost lease stops
+the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
+releases its leases (:class:`RunInterrupted`).
+
+Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every state change and group result.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
-from farm_coordinator.plan import Problem, Target, expand, next_tasks
+from farm_coordinator.claims import Claims
+from farm_coordinator.dispatch import Dispatcher
+from farm_coordinator.endings import expire, interrupt, quietly
+from farm_coordinator.machine import ACTIVE, Board, State, Tracked
+from farm_coordinator.plan import Problem, expand, next_tasks
+from farm_coordinator.ports import (
+    Fleet,
+    Leases,
+    ProgressHook,
+    Results,
+    RunEvent,
+    RunInterrupted,
+    RunLog,
+    RunSummary,
+)
+from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.sinks import Sink
-from farm_fleet.protocol import GroupResult, GroupTask
+from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
+from farm_fleet.results import StoreUnavailable, transient
 from farm_fleet.settings import Settings
 
-CONFIRM_GROUP = "confirm"
-
-
-class Fleet(Protocol):
-    """Where tasks can run: target fingerprints, their queues, and a second device for confirmations."""
-
-    def targets(self) -> list[Target]: ...
-
-    def queue(self, target: Target) -> str: ...
-
-    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str] | None:
-        """(worker id, queue) of another healthy device of the target's fingerprint, or None."""
-        ...
-
-    def alive(self, worker_id: str) -> bool:
-        """Whether a worker still serves (a confirmation sent to its own queue can still come back)."""
-        ...
-
-
-class Dispatcher(Protocol):
-    pending: Any
-
-    def submit(self, tasks: list[GroupTask], queue: str, limits: tuple[float, float]) -> None: ...
-
-    def collect(self, wait: float = 0.0) -> list[GroupResult]: ...
-
-    def take_unrun(self) -> list[GroupTask]: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass
-class RunSummary:
-    run: str
-    aggregates: list[Aggregate] = field(default_factory=list)
-    already_decided: list[Problem] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    tasks: int = 0
-    devices: int = 0
-
-    @property
-    def trial_seconds(self) -> float:
-        return sum(a.trial_seconds for a in self.aggregates)
-
-    @property
-    def published(self) -> int:
-        return sum(1 for a in self.aggregates if a.record is not None)
+__all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-class Leases(Protocol):
-    """Single flight across coordinators (see farm_coordinator.leases)."""
-
-    def acquire(self, pids: list[str], holder: str) -> set[str]: ...
-
-    def renew(self, pids: list[str], holder: str) -> set[str]: ...
-
-    def release(self, pid: str, holder: str) -> None: ...
-
-    def rounds(self, pids: list[str], run: str, fresh: bool) -> dict[str, str]: ...
-
-
-class Results(Protocol):
-    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]: ...
 
 
 def tune(
@@ -109,31 +59,33 @@ def tune(
     *,
     leases: Leases | None = None,
     results: Results | None = None,
-    runlog: Any = None,
+    runlog: RunLog | None = None,
     run: str | None = None,
     force: bool = False,
     fingerprint: str | None = None,
     console: Console | None = None,
     timeout: float | None = None,
     poll: float = 0.5,
-    progress: Any = None,
+    on_event: Callable[[RunEvent], None] | None = None,
+    progress: ProgressHook | None = None,
 ) -> RunSummary:
-    """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it.
+    """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it,
+    RunInterrupted on Ctrl-C. ``on_event`` receives a :class:`RunEvent` for every step (progress displays).
 
     With ``leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
-    lease expires), and group results already stored under a problem's round are reused (resume after a crash).
+    lease expires), and successful group results already stored under a problem's round are reused (resume after
+    a crash); failed ones run again.
 
-    ``progress``: a hook with ``started(run, problems, reused, trials)``, ``group_done(trials)``,
-    ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused") and ``finished()``
-    (``farm_cli.progress``); without one, a rich bar is drawn on ``console`` when it is a terminal.
+    ``progress``: a display hook (``farm_cli.progress``) with ``started(run, problems, reused, trials)``,
+    ``group_done(trials)``, ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused")
+    and ``finished()``; without one, a rich bar per fingerprint is drawn on ``console`` when it is a terminal.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
 
     settings.check_limits(catalog.policy, catalog.path)
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
-                 force, console or Console(stderr=True), poll)
-    state.runlog = runlog or NoRunLog()
+                 force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event)
     state.hook = progress
     return state.execute(fingerprint, timeout)
 
@@ -142,22 +94,40 @@ class _Run:
     """The state of one tuning run (see :func:`tune`)."""
 
     def __init__(self, catalog: Catalog, fleet: Fleet, dispatcher: Dispatcher, sink: Sink, settings: Settings,
-                 leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float) -> None:
+                 leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float,
+                 runlog: RunLog, on_event: Callable[[RunEvent], None] | None) -> None:
         self.catalog, self.fleet, self.dispatcher, self.sink = catalog, fleet, dispatcher, sink
         self.settings, self.leases, self.results, self.run = settings, leases, results, run
-        self.force, self.console, self.poll = force, console, poll
+        self.force, self.console, self.poll, self.runlog = force, console, poll, runlog
+        self.on_event = on_event
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
-        self.by_id: dict[str, Problem] = {}
-        self.waiting: dict[str, Problem] = {}  # held by another coordinator
-        self.confirming: dict[str, str] = {}  # problem id -> worker id confirming its winner
+        self.board = Board([])
+        self.claims = Claims(self, [])
+        self.inbox: deque[GroupResult] = deque()  # results collected, not yet handled
+        self.to_decide: deque[str] = deque()  # problems whose groups are all back
+        self.to_publish: deque[Aggregate] = deque()  # decided, publication not yet acknowledged by the store
         self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
         self.batch_cap = settings.batch_limit(self.policy)
         self.summary = RunSummary(run)
-        self.advance: Any = lambda digest, trials: None
-        self.runlog: Any = None
+        self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
-        self.hook: Any = None
+        self.hook: ProgressHook | None = None
+
+    # -- events --------------------------------------------------------------------------------------------
+
+    def emit(self, kind: str, problem: Problem | None = None, note: str = "") -> None:
+        if self.on_event is not None:
+            self.on_event(RunEvent(kind, problem, self.groups_done, self.summary.tasks, self.summary.published,
+                                   len(self.summary.failed), note))
+
+    def settled(self, outcome: str, agg: Aggregate | None = None) -> None:
+        """A problem left the run: published, failed, or reused (decided by an earlier run or another coordinator)."""
+        if self.hook is not None:
+            self.hook.problem_done(outcome, agg)
+
+    def _moved(self, tracked: Tracked, old: State, new: State) -> None:
+        self.emit(new.value, tracked.problem, tracked.note)
 
     # -- the run ------------------------------------------------------------------------------------------
 
@@ -174,104 +144,76 @@ class _Run:
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
         self.summary.devices = sum(max(1, len(t.workers)) for t in targets)
         if not self.force:
-            decided = self._decided(problems)
+            decided = self.claims.decided(problems)
             self.summary.already_decided = [p for p in problems if p.problem_id in decided]
             problems = [p for p in problems if p.problem_id not in decided]
-        self.by_id = {p.problem_id: p for p in problems}
+        self.board = Board(problems, self._moved)
+        self.claims = Claims(self, [p.problem_id for p in problems])
         self.summary.tasks = sum(len(p.tasks) for p in problems)
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
-        bar = _progress(self.console, problems) if self.hook is None else _hooked(self.hook, self, problems)
-        with bar as advance:
-            self.advance = advance
-            self._claim(problems)
-            last_upkeep = time.monotonic()
-            while True:
-                for again in self.dispatcher.take_unrun():
-                    self.queue.appendleft((again, self.fleet.queue(self.by_id[again.problem_id].target)))
-                if not self.queue and not self.dispatcher.pending and not self.waiting:
-                    break
-                if time.monotonic() - last_upkeep > min(1.0, self.settings.lease_ttl / 3):
-                    last_upkeep = time.monotonic()
-                    self._upkeep()
-                self._submit()
-                done = self.dispatcher.collect(wait=self.poll)
-                for result in done:
-                    self._on_result(result)
-                if not done and deadline is not None and time.monotonic() > deadline:
-                    self._expire()
-                    break
+        try:
+            view = progress(self.console, problems) if self.hook is None else hooked(self.hook, self.run, problems,
+                                                                                      len(self.summary.already_decided))
+            with view as advance:
+                self.advance = advance
+                self._loop(deadline)
+        except KeyboardInterrupt:
+            interrupt(self)
         self.summary.wall_seconds = time.monotonic() - started
-        self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished")
+        quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished"))
         return self.summary
 
-    def _decided(self, problems: list[Problem]) -> set[str]:
-        decided: set[str] = set()
-        for digest in {p.target.digest for p in problems}:
-            decided |= self.sink.decided(digest, [p.problem_id for p in problems if p.target.digest == digest])
-        return decided
+    def _loop(self, deadline: float | None) -> None:
+        next_upkeep = 0.0
+        outage = 0.0
+        while self.board.unfinished:
+            try:
+                if deadline is not None and time.monotonic() > deadline:
+                    expire(self)
+                    return
+                self.drain()
+                self.claims.refill()
+                if time.monotonic() >= next_upkeep:
+                    self.claims.upkeep()
+                    waiting_only = self.board.count(*ACTIVE) == 0
+                    interval = self.claims.wait_interval if waiting_only else min(1.0, self.settings.lease_ttl / 3)
+                    next_upkeep = time.monotonic() + interval
+                for task in self.dispatcher.lost():
+                    self._lost(task)
+                self._submit()
+                if self.dispatcher.in_flight() == 0 and not (self.queue or self.to_publish or self.to_decide):
+                    # Nothing to wait on but upkeep (problems held elsewhere): sleep, never spin.
+                    time.sleep(max(0.0, min(next_upkeep - time.monotonic(), 5.0)))
+                    continue
+                self.inbox.extend(self.dispatcher.collect(wait=self.poll))
+                self.drain()
+                if outage:
+                    self.console.log("the farm's Redis and broker answer again; carrying on")
+                    self.emit("resumed")
+                    outage = 0.0
+            except Exception as e:
+                if not (isinstance(e, StoreUnavailable) or transient(e)):
+                    raise
+                if not outage:
+                    self.console.log(f"lost the farm's Redis or broker ({e}); waiting for it to come back")
+                    self.emit("outage", note=str(e))
+                outage = min(max(outage * 2, 0.2), 5.0)
+                time.sleep(outage)
 
-    def _claim(self, problems: list[Problem]) -> None:
-        """Lease what is free, give each leased problem its round, reuse results stored under it, queue the rest."""
-        if not problems:
-            return
-        held = self.leases.acquire([p.problem_id for p in problems], self.run)
-        for p in problems:
-            if p.problem_id not in held:
-                self.waiting[p.problem_id] = p
-        mine = [p for p in problems if p.problem_id in held]
-        if not mine:
-            return
-        rounds = self.leases.rounds([p.problem_id for p in mine], self.run, fresh=self.force)
-        for p in mine:
-            self.waiting.pop(p.problem_id, None)
-            p.tasks = [dataclasses.replace(t, run=rounds[p.problem_id]) for t in p.tasks]
-        if self.results is not None:
-            keys = [(t.run, t.problem_id, t.group) for p in mine for t in p.tasks]
-            for found in self.results.get_many(keys):
-                if found is not None:
-                    self._on_result(found, reused=True)
-        for p in mine:
-            self._queue_next(p)
-
-    def _queue_next(self, problem: Problem) -> None:
-        """Queue the problem's next group (groups run in turn, carrying what is left of the budget); decide the
-        problem when every group has a result."""
-        if problem.done or self._published(problem):
-            return
-        name = self.fleet.queue(problem.target)
-        before = set(problem.results)
-        self.queue.extend((t, name) for t in next_tasks(problem, self.policy.budget))
-        for task in problem.tasks:  # groups not sent for lack of budget count as done on the progress bar
-            if task.group in problem.results and task.group not in before:
-                self.advance(problem.target.digest, len(task.candidates))
-        if problem.done:
-            self._decide(problem)
-
-    def _upkeep(self) -> None:
-        """Renew our leases, settle problems others decided, take over problems whose holder died, and give up on
-        confirmations whose worker went away."""
-        self.runlog.update(self.run, self.groups_done, self.summary.published)
-        ours = [pid for pid, p in self.by_id.items() if pid not in self.waiting and not self._published(p)]
-        for pid in self.leases.renew(ours, self.run):
-            self.console.log(f"lost the lease of problem {pid}; another coordinator took it over")
-        if self.waiting:
-            waiting = list(self.waiting.values())
-            for pid in self._decided(waiting) if not self.force else set():
-                self.summary.already_decided.append(self.waiting.pop(pid))
-                if self.hook is not None:
-                    self.hook.problem_done("reused")
-            self._claim(list(self.waiting.values()))
-        for pid, worker_id in list(self.confirming.items()):
-            if not self.fleet.alive(worker_id):
-                del self.confirming[pid]
-                self.dispatcher.pending.pop((self.by_id[pid].tasks[0].run, pid, CONFIRM_GROUP), None)
-                self._publish(unconfirmed(self.by_id[pid].confirmation, self.policy,
-                                          f"unconfirmed: confirming worker {worker_id} went away"))
-
-    def _published(self, problem: Problem) -> bool:
-        return any(a.problem is problem for a in self.summary.aggregates)
+    def drain(self) -> None:
+        """Handle what arrived, then decide, then publish. Each step leaves its item at the head of its queue
+        until it is done, so an outage in the middle loses nothing: the loop retries once the store answers."""
+        while self.inbox:
+            self.on_result(self.inbox[0])
+            self.inbox.popleft()
+        while self.to_decide:
+            t = self.board[self.to_decide[0]]
+            if t.state in (State.QUEUED, State.RUNNING) and t.problem.done:
+                self._decide(t)
+            self.to_decide.popleft()
+        self.publish_pending()
 
     def _batch_size(self) -> int:
         """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
@@ -282,133 +224,147 @@ class _Run:
         by_spread = len(self.queue) // (2 * max(1, self.summary.devices))
         return max(1, min(by_cost, by_spread, self.batch_cap))
 
+    def _sendable(self, task: GroupTask) -> bool:
+        t = self.board.get(task.problem_id)
+        if t is None or task.run != t.round:
+            return False
+        if task.group == CONFIRM_GROUP:
+            return t.state is State.CONFIRMING
+        return t.state in (State.QUEUED, State.RUNNING) and task.group not in t.problem.results
+
     def _submit(self) -> None:
-        while self.queue and len(self.dispatcher.pending) < self.settings.max_in_flight:
+        while self.queue and self.dispatcher.in_flight() < self.settings.max_in_flight:
             size = self._batch_size()
             task, name = self.queue.popleft()
+            if not self._sendable(task):
+                continue
             batch = [task]
             while self.queue and len(batch) < size and self.queue[0][1] == name:
-                batch.append(self.queue.popleft()[0])
-            self.dispatcher.submit(batch, name, self.settings.time_limits(self.policy, len(batch)))
+                nxt = self.queue.popleft()[0]
+                if self._sendable(nxt):
+                    batch.append(nxt)
+            try:
+                self.dispatcher.submit(batch, name, self.settings.time_limits(self.policy, len(batch)))
+            except Exception:
+                self.queue.extendleft((t, name) for t in reversed(batch))
+                raise
+            for sent in batch:
+                tracked = self.board[sent.problem_id]
+                tracked.sends[sent.group] = tracked.sends.get(sent.group, 0) + 1
+                if tracked.state is State.QUEUED:
+                    self.board.move(sent.problem_id, State.RUNNING)
 
-    def _on_result(self, result: GroupResult, reused: bool = False) -> None:
-        problem = self.by_id.get(result.problem_id)
-        if problem is None or problem.problem_id in self.waiting or self._published(problem):
+    def _lost(self, task: GroupTask) -> None:
+        """A group in flight will not come back as sent: send it again, or fail its problem past the bound."""
+        t = self.board.get(task.problem_id)
+        if t is None or t.state not in ACTIVE or task.run != t.round:
             return
+        self.summary.resent += 1
+        t.lost[task.group] = lost = t.lost.get(task.group, 0) + 1
+        self.emit("lost", t.problem, task.group)
+        if task.group == CONFIRM_GROUP:
+            if t.state is State.CONFIRMING:
+                self.conclude(unconfirmed(t.problem.confirmation, self.policy, "unconfirmed: the confirmation was lost"))
+        elif lost >= self.settings.max_attempts:
+            self.fail(t, f"group {task.group}: started {lost} times and never came back")
+        else:
+            self.queue.appendleft((task, self.fleet.queue(t.problem.target)))
+
+    def on_result(self, result: GroupResult, reused: bool = False) -> None:
+        t = self.board.get(result.problem_id)
+        if t is None or t.state not in ACTIVE or result.run != t.round:
+            return
+        problem = t.problem
+        if result.group == CONFIRM_GROUP and t.state is State.CONFIRMING:
+            # A confirmation task that failed as a task (no trials: killed, timed out waiting for the device) is
+            # no verdict on the winner: the decision is published unconfirmed, saying why.
+            failed = result.status != STATUS_OK and not result.outcomes
+            self.conclude(unconfirmed(problem.confirmation, self.policy,
+                                      f"unconfirmed: the confirmation failed ({result.error})")
+                          if failed else confirm(problem.confirmation, result, self.policy))
         if result.group == CONFIRM_GROUP:
-            if self.confirming.pop(problem.problem_id, None) is not None:
-                self._publish(confirm(problem.confirmation, result, self.policy))
             return
-        if result.group in problem.results or result.run != problem.tasks[0].run:
+        if result.group in problem.results or t.state is State.CONFIRMING:
             return
         problem.results[result.group] = result
         self.groups_done += 1
-        if not reused:
+        if reused:
+            self.summary.reused += 1
+            self.emit("reused", problem, result.group)
+        else:
+            self.summary.ran += 1
             self.observed.append(result.trial_seconds)
-        task = next(t for t in problem.tasks if t.group == result.group)
+            self.emit("group", problem, result.group)
+        task = next(task for task in problem.tasks if task.group == result.group)
         self.advance(problem.target.digest, len(task.candidates))
         if problem.done:
-            self._decide(problem)
+            self.to_decide.append(t.pid)
         elif not reused:
-            self._queue_next(problem)
+            self.queue_next(t)
 
-    def _decide(self, problem: Problem) -> None:
-        agg = aggregate(problem, self.policy, self.run)
+    def queue_next(self, t: Tracked) -> None:
+        """Queue the problem's next group: a problem's groups run in turn, each carrying what the earlier ones left
+        of the budget (``farm_coordinator.plan.next_tasks``); groups whose turn comes after it is spent are
+        recorded not tried, and a problem with every group back is decided."""
+        name = self.fleet.queue(t.problem.target)
+        self.queue.extend((task, name) for task in next_tasks(t.problem, self.policy.budget))
+        if t.problem.done:
+            self.to_decide.append(t.pid)
+
+    def _decide(self, t: Tracked) -> None:
+        agg = aggregate(t.problem, self.policy, self.run)
         if agg.record is not None and agg.record.index != 0:
-            helper = self.fleet.confirmer(problem.target, agg.winner_worker)
+            helper = self.fleet.confirmer(t.problem.target, agg.winner_worker)
             if helper is not None:
-                problem.confirmation = agg
-                self.confirming[problem.problem_id] = helper[0]
-                task = _confirm_task(problem, agg)
-                self.dispatcher.submit([task], helper[1], self.settings.time_limits(self.policy))
+                t.problem.confirmation = agg
+                t.confirmer = (helper[0], helper[2])
+                self.board.move(t.pid, State.CONFIRMING)
+                self.queue.appendleft((confirm_task(t.problem, agg), helper[1]))
                 return
             agg = unconfirmed(agg, self.policy)
-        self._publish(agg)
+        self.conclude(agg)
 
-    def _publish(self, agg: Aggregate) -> None:
-        if agg.record is not None:
-            self.sink.publish(agg.record, agg.problem.target.fingerprint, agg.problem.problem_id,
-                              trial_rows(agg.problem, agg.judged))
-        self.summary.aggregates.append(agg)
-        self.leases.release(agg.problem.problem_id, self.run)
-        if self.hook is not None:
-            self.hook.problem_done("published" if agg.record is not None else "failed", agg)
+    def conclude(self, agg: Aggregate) -> None:
+        """A problem is decided: publish it (now, or once the store answers again)."""
+        t = self.board[agg.problem.problem_id]
+        if agg.record is None:
+            self.summary.aggregates.append(agg)
+            self.fail(t, agg.error or "nothing to publish", record=False)
+            return
+        self.to_publish.append(agg)
 
-    def _expire(self) -> None:
-        """The run's timeout passed: every missing group is recorded as failed and what can be decided is."""
-        queued = [t for t, _ in self.queue]
-        self.queue.clear()
-        pending = [item[0] for item in self.dispatcher.pending.values()]
-        self.dispatcher.close()
-        for problem in self.waiting.values():
-            self.summary.aggregates.append(Aggregate(problem, None, (), None, None,
-                                                     "held by another coordinator until the timeout", 0.0))
-            if self.hook is not None:
-                self.hook.problem_done("failed", self.summary.aggregates[-1])
-        self.waiting.clear()
-        unsent = [t for p in self.by_id.values() for t in p.tasks if t.group not in p.results and t.group not in p.sent]
-        for task in [*queued, *pending, *unsent]:
-            problem = self.by_id[task.problem_id]
-            if self._published(problem):
+    def publish_pending(self) -> None:
+        while self.to_publish:
+            agg = self.to_publish[0]
+            t = self.board[agg.problem.problem_id]
+            if t.state not in ACTIVE or t.lease is None:
+                self.to_publish.popleft()
                 continue
-            if task.group == CONFIRM_GROUP:
-                self._publish(unconfirmed(problem.confirmation, self.policy, "unconfirmed: no confirmation before the timeout"))
+            assert agg.record is not None
+            fence = self.leases.fence(t.pid, t.lease)
+            ok, reason = self.sink.publish(agg.record, agg.problem.target.fingerprint, t.pid,
+                                           trial_rows(agg.problem, agg.judged), fence=fence)
+            self.to_publish.popleft()
+            if reason.startswith("refused"):
+                if t.pid in self.claims.decided([t.problem]):  # theirs (or ours, its reply lost and the call retried)
+                    self.summary.already_decided.append(t.problem)
+                    self.board.move(t.pid, State.PUBLISHED, "decided by another coordinator")
+                    self.settled("reused")
+                else:
+                    self.claims.lose(t)
                 continue
-            problem.results.setdefault(task.group, GroupResult.failed(task, "no result before the run's timeout"))
-            if problem.done:
-                self._publish(aggregate(problem, self.policy, self.run))
+            self.summary.aggregates.append(agg)
+            self.board.move(t.pid, State.PUBLISHED, reason)
+            self.settled("published", agg)
+            if fence is None:
+                self.leases.release(t.pid, t.lease or "")
 
-
-def _confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
-    assert agg.record is not None
-    base = problem.tasks[0]
-    winner = (agg.record.name, problem.revision(agg.record.name))
-    return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
-                     base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
-
-
-@contextmanager
-def _progress(console: Console, problems: list[Problem]) -> Iterator[Any]:
-    totals: dict[str, int] = {}
-    for p in problems:
-        totals[p.target.digest] = totals.get(p.target.digest, 0) + sum(len(t.candidates) for t in p.tasks)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as progress:
-        bars = {digest: progress.add_task(f"fingerprint {digest[:8]}", total=total) for digest, total in totals.items()}
-
-        def advance(digest: str, trials: int) -> None:
-            progress.advance(bars[digest], trials)
-
-        yield advance
-
-
-@contextmanager
-def _hooked(hook: Any, state: _Run, problems: list[Problem]) -> Iterator[Any]:
-    """The progress hook in place of the bar: problems (with those already decided) and trials."""
-    reused = len(state.summary.already_decided)
-    hook.started(state.run, len(problems) + reused, reused, sum(len(t.candidates) for p in problems for t in p.tasks))
-    try:
-        yield lambda digest, trials: hook.group_done(trials)
-    finally:
-        hook.finished()
-
-
-def summary_table(summary: RunSummary) -> Table:
-    """The decisions of a run as a table: one row per problem."""
-    from farm_kernels import registry
-
-    table = Table(title=f"run {summary.run}: {summary.published} decisions, {len(summary.already_decided)} already decided")
-    for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):
-        table.add_column(column, no_wrap=column != "workload")
-    for agg in sorted(summary.aggregates, key=lambda a: (a.problem.target.digest, a.problem.workload.where)):
-        r = agg.record
-        workload = registry.get(agg.problem.workload.operation).label(agg.problem.workload.spec)
-        row = [agg.problem.target.digest[:8], agg.problem.workload.operation, workload]
-        if r is None:
-            table.add_row(*row, "-", "-", "-", "-", agg.error or "")
-            continue
-        lost = sum(1 for c in r.meta.get("candidates", []) if c["name"] != r.name)
-        confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
-        table.add_row(*row, r.name, f"{r.ratio:.3f}", "yes" if r.verified else "no", confirmation, str(lost))
-    return table
+    def fail(self, t: Tracked, reason: str, record: bool = True) -> None:
+        if record:
+            self.summary.aggregates.append(Aggregate(t.problem, None, (), None, None, reason, 0.0))
+        self.summary.failed.append((t.problem, reason))
+        self.settled("failed", self.summary.aggregates[-1] if self.summary.aggregates else None)
+        lease = t.lease
+        self.board.move(t.pid, State.FAILED, reason)
+        if lease is not None:
+            quietly(lambda: self.leases.release(t.pid, lease))

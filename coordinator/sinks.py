@@ -17,7 +17,10 @@ from farm.stores.redis import RedisDecisions
 
 class Sink(Protocol):
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]: ...
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        """Publish under the replacement rule; with ``fence`` (lease key, value) only while that lease holds
+        (Redis: atomically, consuming it). A refusal's reason starts with "refused"."""
+        ...
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]: ...
 
@@ -29,8 +32,8 @@ class RedisSink:
         self.decisions = decisions
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]:
-        return self.decisions.publish(record, fingerprint, problem_id, trials)
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        return self.decisions.publish(record, fingerprint, problem_id, trials, fence)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.decisions.decided(digest, problem_ids)
@@ -46,7 +49,8 @@ class DirectorySink:
         self.store = LocalStore(self.directory, owner=FARM)
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]]) -> tuple[bool, str]:
+                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        """``fence`` is not needed here: the embedded farm's leases live in this process (LocalLeases)."""
         return self.store.publish(record, fingerprint, problem_id, trials)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:

@@ -1,6 +1,8 @@
 #!/bin/sh
 # The worker image's health check: healthy while this container's `farm worker` keeps its presence record in Redis
-# fresh (a heartbeat every FARM_HEARTBEAT_SECONDS) and is not quarantined after a device failure.
+# fresh (a heartbeat every FARM_HEARTBEAT_SECONDS) and is not quarantined after a device failure. It applies the
+# coordinator's own rule (presence.WorkerInfo.effective_state), and since every heartbeat rewrites the whole
+# record, a worker that was frozen (or whose Redis was) turns healthy again with its next beat.
 # Usage: worker-healthcheck.sh [DEVICE]  (default cuda:0, the device `farm worker` was given).
 # Reads FARM_REDIS_URL, FARM_PREFIX and FARM_HEARTBEAT_SECONDS like the worker; PYTHON names the interpreter.
 exec "${PYTHON:-python3}" - "${1:-cuda:0}" <<'PY'
@@ -19,15 +21,17 @@ if not settings.redis_url:
 worker_id = f"{socket.gethostname()}-{device.replace(':', '')}"  # as farm_workers.worker.run_worker names it
 client = connect(settings.redis_url, timeout=5.0)
 try:
-    state, updated = client.hmget(settings.worker_key(worker_id), "state", "updated")
+    data = client.hgetall(settings.worker_key(worker_id))
 finally:
     client.close()
-if state is None or updated is None:
+try:
+    info = presence.WorkerInfo.from_fields(data)
+except (KeyError, ValueError):
     sys.exit(f"unhealthy: worker {worker_id} has no presence record (not started yet, or its heartbeats stopped)")
-age = time.time() - float(updated)
+state = info.effective_state(settings)
 if state == presence.QUARANTINED:
     sys.exit(f"unhealthy: worker {worker_id} is quarantined after a device failure")
-if age > 2 * settings.heartbeat_seconds:  # presence.WorkerInfo.effective_state's rule for stale
-    sys.exit(f"unhealthy: worker {worker_id} last beat {age:.0f}s ago")
+if state == presence.STALE:
+    sys.exit(f"unhealthy: worker {worker_id} last beat {time.time() - info.updated:.0f}s ago")
 print(f"healthy: worker {worker_id} is {state}")
 PY

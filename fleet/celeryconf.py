@@ -3,6 +3,10 @@
 JSON only, late acknowledgement, one prefetched task, task events on (Flower reads them), rejected-on-loss
 redelivery (bounded by the farm's own attempt counter), result expiry, and a visibility timeout that outlasts
 every hard time limit the coordinator will ask for (``Settings.check_limits``).
+
+Brokers: Redis (``redis://``) or RabbitMQ (``amqp://``). With RabbitMQ the farm's queues are **quorum** queues
+(replicated, durable, with a delivery limit): a consumer that dies returns its unacknowledged messages at once,
+with no visibility timeout to wait out.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "unacked_restore_interval": max(1, min(10, int(settings.visibility_timeout / 10))),
         "unacked_restore_throttle": 1,
     }
-    return {
+    config = {
         "broker_url": settings.broker_url,
         "result_backend": settings.redis_url or settings.broker_url,
         "task_serializer": "json",
@@ -42,4 +46,22 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": "farm.default",
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+    }
+    if is_amqp(settings.broker_url):
+        config.update(amqp_config())
+    return config
+
+
+def is_amqp(url: str | None) -> bool:
+    return bool(url) and str(url).split("://", 1)[0] in ("amqp", "amqps", "pyamqp")
+
+
+def amqp_config() -> dict[str, Any]:
+    """RabbitMQ: every queue the farm declares (fingerprint and worker queues, the default one) is a quorum queue;
+    Celery then turns off global QoS and delays retried tasks with RabbitMQ's native delayed delivery."""
+    return {
+        "task_default_queue_type": "quorum",
+        "task_create_missing_queue_type": "quorum",
+        "worker_detect_quorum_queues": True,
+        "broker_transport_options": {"confirm_publish": True},
     }

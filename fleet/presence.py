@@ -1,13 +1,17 @@
 """Worker presence in Redis: who is online, on which device and fingerprint, in which state.
 
 Each worker keeps a hash under ``settings.worker_key(id)`` that expires unless its heartbeat renews it; a
-worker whose last beat is older than two intervals is reported stale.
+worker whose last beat is older than two intervals is reported stale. Every beat rewrites the whole record
+(idempotent), so a record that expired while the worker or Redis was frozen comes back with the next beat.
+Each worker process has an **incarnation** (a random id made at start): a worker restarted under the same id
+is a new incarnation, so work given to the old one is known lost.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+import uuid
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from farm_fleet.settings import Settings
@@ -16,6 +20,11 @@ HEALTHY = "healthy"
 BUSY = "busy"
 QUARANTINED = "quarantined"
 STALE = "stale"
+
+# This process's incarnation; pool processes forked from the worker inherit it.
+INCARNATION = uuid.uuid4().hex[:16]
+# What this process announced, per worker id: the heartbeat rewrites it whole.
+_announced: dict[str, WorkerInfo] = {}
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class WorkerInfo:
     updated: float
     queue: str
     hostname: str = ""
+    incarnation: str = ""
     cores: str = ""
     blas_threads: int = 0
     openmp_threads: int = 0
@@ -54,7 +64,7 @@ class WorkerInfo:
             worker_id=data["worker_id"], host=data["host"], device=data["device"], device_kind=data["device_kind"],
             fingerprint=data["fingerprint"], model=data["model"], farm_version=data["farm_version"],
             state=data["state"], pid=int(data["pid"]), updated=float(data["updated"]), queue=data["queue"],
-            hostname=data.get("hostname", ""), cores=data.get("cores", ""),
+            hostname=data.get("hostname", ""), incarnation=data.get("incarnation", ""), cores=data.get("cores", ""),
             blas_threads=int(data.get("blas_threads", 0)), openmp_threads=int(data.get("openmp_threads", 0)),
         )
 
@@ -71,6 +81,10 @@ def _span(part: str) -> tuple[int, str, int]:
 
 
 def announce(client: Any, settings: Settings, info: WorkerInfo) -> None:
+    """Write the worker's whole record (this process's incarnation unless ``info`` names one)."""
+    if not info.incarnation:
+        info = replace(info, incarnation=INCARNATION)
+    _announced[info.worker_id] = info
     key = settings.worker_key(info.worker_id)
     with client.pipeline(transaction=True) as pipe:
         pipe.hset(key, mapping=info.to_fields())
@@ -79,13 +93,20 @@ def announce(client: Any, settings: Settings, info: WorkerInfo) -> None:
 
 
 def beat(client: Any, settings: Settings, worker_id: str, state: str | None = None) -> None:
-    """Renew the worker's record (and optionally set its state)."""
+    """Renew the worker's record (and optionally set its state). In the process that announced the worker the
+    whole record is rewritten, so it heals after expiring; the state is kept unless given (a record that had
+    expired comes back in the announced state)."""
     key = settings.worker_key(worker_id)
+    info = _announced.get(worker_id)
     mapping = {"updated": str(time.time())}
+    if info is not None:
+        mapping = {**{k: v for k, v in info.to_fields().items() if k != "state"}, **mapping}
     if state is not None:
         mapping["state"] = state
     with client.pipeline(transaction=True) as pipe:
         pipe.hset(key, mapping=mapping)
+        if state is None:
+            pipe.hsetnx(key, "state", info.state if info is not None else HEALTHY)
         pipe.expire(key, int(settings.heartbeat_ttl))
         pipe.execute()
 

@@ -1,25 +1,72 @@
-"""Group results, stored idempotently under (run, problem id, group): the first result stored wins.
+"""Group results, stored idempotently under (round, problem id, group): the first result stored wins.
 
 The Redis implementation is what workers and coordinators share; the memory one serves the embedded farm and
-tests. Both count attempts so a task that keeps killing its worker is bounded.
+tests. Both count attempts so a task that keeps killing its worker is bounded, and record when a group's latest
+delivery started so the coordinator can tell a slow group from a lost one.
+
+A store outage is retried with exponential back-off for ``settings.store_retry_seconds`` (:func:`retrying`);
+past that :class:`StoreUnavailable` says so, and the caller decides (a worker leaves the task to be redelivered,
+the coordinator waits and carries on).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from typing import Any
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from farm_fleet.protocol import GroupResult
+from farm.errors import FarmError
+from farm_fleet.protocol import STATUS_OK, GroupResult
 from farm_fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str, str]
+T = TypeVar("T")
+
+
+class StoreUnavailable(FarmError):
+    """Raised when the decisions/results Redis stayed unreachable for the whole retry budget."""
+
+
+def transient(error: BaseException) -> bool:
+    """Whether ``error`` is a connection-level failure worth retrying (redis-py, kombu or the socket layer)."""
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return True
+    name = type(error).__name__
+    module = type(error).__module__
+    if module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"):
+        return True
+    return module.startswith(("kombu", "amqp")) and name in ("OperationalError", "ConnectionError",
+                                                             "RecoverableConnectionError")
+
+
+def retrying(call: Callable[[], T], seconds: float, what: str = "Redis") -> T:
+    """Run ``call``, retrying transient failures with exponential back-off (0.1 s doubling, at most 2 s) for up
+    to ``seconds``; then raise StoreUnavailable from the last failure."""
+    deadline = time.monotonic() + seconds
+    pause = 0.1
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not transient(e):
+                raise
+            if time.monotonic() + pause > deadline:
+                raise StoreUnavailable(f"{what} unreachable for {seconds:g}s: {e}") from e
+            log.warning("%s unreachable (%s); retrying in %.1fs", what, e, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 class MemoryResults:
     """In-process results (the embedded farm)."""
 
     def __init__(self) -> None:
-        self._results: dict[tuple[str, str, str], GroupResult] = {}
-        self._attempts: dict[tuple[str, str, str], int] = {}
+        self._results: dict[Key, GroupResult] = {}
+        self._attempts: dict[Key, int] = {}
         self._lock = threading.Lock()
 
     def put_if_absent(self, result: GroupResult) -> GroupResult:
@@ -32,7 +79,7 @@ class MemoryResults:
         with self._lock:
             return self._results.get((run, problem_id, group))
 
-    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]:
+    def get_many(self, keys: list[Key]) -> list[GroupResult | None]:
         with self._lock:
             return [self._results.get(k) for k in keys]
 
@@ -43,49 +90,136 @@ class MemoryResults:
             self._attempts[key] = self._attempts.get(key, 0) + 1
             return self._attempts[key]
 
+    def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
+        """In-process tasks start when the coordinator runs them: nothing to record."""
+
+    def discard(self, keys: Iterable[Key]) -> None:
+        """Forget these groups' results and attempts (a failed group runs again on a rerun)."""
+        with self._lock:
+            for key in keys:
+                self._results.pop(key, None)
+                self._attempts.pop(key, None)
+
 
 class RedisResults:
-    """Results as JSON strings under ``settings.result_key``, written with SET NX (first one wins)."""
+    """Results as JSON strings under ``settings.result_key``, written with SET NX (first one wins). Every call
+    retries a store outage for ``settings.store_retry_seconds`` before raising StoreUnavailable."""
 
     def __init__(self, client: Any, settings: Settings) -> None:
         self.client = client
         self.settings = settings
 
+    def _retry(self, call: Callable[[], T]) -> T:
+        return retrying(call, self.settings.store_retry_seconds, "the results Redis")
+
     def put_if_absent(self, result: GroupResult) -> GroupResult:
         key = self.settings.result_key(result.run, result.problem_id, result.group)
         done = self.settings.done_key(result.run)
         payload = json.dumps(result.to_dict(), sort_keys=True)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.set(key, payload, nx=True, ex=int(self.settings.result_ttl))
-            pipe.get(key)
-            pipe.rpush(done, key)
-            pipe.expire(done, int(self.settings.result_ttl))
-            _, stored, _, _ = pipe.execute()
-        return GroupResult.from_dict(json.loads(stored))
+        ttl = int(self.settings.result_ttl)
 
-    def wait(self, runs: list[str], timeout: float) -> bool:
-        """Block until some result of ``runs`` completes (or ``timeout`` seconds pass); drain the notices."""
-        keys = [self.settings.done_key(r) for r in runs]
-        if not keys or self.client.blpop(keys, timeout=timeout) is None:
-            return False
-        for key in keys:
-            self.client.delete(key)
-        return True
+        def put() -> Any:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.set(key, payload, nx=True, ex=ttl)
+                pipe.get(key)
+                pipe.rpush(done, key)
+                pipe.expire(done, ttl)
+                return pipe.execute()[1]
 
-    def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
-        raw = self.client.get(self.settings.result_key(run, problem_id, group))
-        return GroupResult.from_dict(json.loads(raw)) if raw is not None else None
+        return GroupResult.from_dict(json.loads(self._retry(put)))
 
-    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]:
+    def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
+        """Record that a delivery of these groups started now on ``worker`` (expires with the results)."""
+        now = time.time()
+        value = json.dumps({"at": now, "worker": worker, "incarnation": incarnation})
+
+        def mark() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.set(self.settings.started_key(*key), value, ex=int(self.settings.result_ttl))
+                pipe.execute()
+
+        self._retry(mark)
+
+    def started_at(self, keys: list[Key]) -> list[float | None]:
+        """When each group's latest delivery started (epoch seconds), None if none did."""
         if not keys:
             return []
-        raws = self.client.mget([self.settings.result_key(*k) for k in keys])
+        raws = self._retry(lambda: self.client.mget([self.settings.started_key(*k) for k in keys]))
+        return [float(json.loads(r)["at"]) if r else None for r in raws]
+
+    def unrun(self, keys: list[Key]) -> None:
+        """Tell the coordinator that a batch ended without running these groups (it sends them again at once)."""
+        if not keys:
+            return
+        ttl = int(self.settings.result_ttl)
+
+        def push() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    done = self.settings.done_key(key[0])
+                    pipe.rpush(done, self.settings.key("unrun", *key))
+                    pipe.expire(done, ttl)
+                pipe.execute()
+
+        self._retry(push)
+
+    def notices(self, rounds: list[str], timeout: float) -> list[tuple[str, Key]]:
+        """Block up to ``timeout`` seconds for notices of ``rounds``; return (kind, group) pairs, kind "result"
+        (a result was stored) or "unrun" (its batch ended without running it)."""
+        keys = [self.settings.done_key(r) for r in rounds]
+        if not keys:
+            return []
+        first = self._retry(lambda: self.client.blpop(keys, timeout=timeout) if timeout > 0 else None)
+        found = [first[1]] if first is not None else []
+
+        def drain() -> list[Any]:
+            with self.client.pipeline(transaction=True) as pipe:
+                for key in keys:
+                    pipe.lrange(key, 0, -1)
+                    pipe.delete(key)
+                return list(pipe.execute())
+
+        for i, items in enumerate(self._retry(drain)):
+            if i % 2 == 0:
+                found.extend(items)
+        notices: list[tuple[str, Key]] = []
+        for name in found:
+            kind, _, rest = str(name).removeprefix(self.settings.prefix + ":").partition(":")
+            parts = rest.split(":")
+            if kind in ("result", "unrun") and len(parts) == 3:
+                notices.append((kind, (parts[0], parts[1], parts[2])))
+        return notices
+
+    def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
+        raw = self._retry(lambda: self.client.get(self.settings.result_key(run, problem_id, group)))
+        return GroupResult.from_dict(json.loads(raw)) if raw is not None else None
+
+    def get_many(self, keys: list[Key]) -> list[GroupResult | None]:
+        if not keys:
+            return []
+        raws = self._retry(lambda: self.client.mget([self.settings.result_key(*k) for k in keys]))
         return [GroupResult.from_dict(json.loads(r)) if r is not None else None for r in raws]
 
     def attempt(self, run: str, problem_id: str, group: str) -> int:
         key = self.settings.attempts_key(run, problem_id, group)
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, int(self.settings.result_ttl))
-            count, _ = pipe.execute()
-        return int(count)
+
+        def count() -> int:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, int(self.settings.result_ttl))
+                return int(pipe.execute()[0])
+
+        return self._retry(count)
+
+    def discard(self, keys: Iterable[Key]) -> None:
+        """Forget these groups' results, attempts and start marks (a failed group runs again on a rerun)."""
+        names = [name for k in keys for name in (self.settings.result_key(*k), self.settings.attempts_key(*k),
+                                                 self.settings.started_key(*k))]
+        if names:
+            self._retry(lambda: self.client.delete(*names))
+
+
+def reusable(result: GroupResult | None) -> bool:
+    """Only a successful group result is reused by a later run; a failure runs again."""
+    return result is not None and result.status == STATUS_OK

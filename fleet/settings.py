@@ -32,6 +32,8 @@ class Settings(KeyLayout):
     batch_target_seconds: float = 0.25
     soft_limit_floor: float = 10.0
     visibility_timeout: float = 3600.0
+    store_retry_seconds: float = 20.0
+    lost_grace_seconds: float = 10.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -69,6 +71,17 @@ class Settings(KeyLayout):
     def attempts_key(self, run: str, problem_id: str, group: str) -> str:
         return self.key("attempts", run, problem_id, group)
 
+    def started_key(self, run: str, problem_id: str, group: str) -> str:
+        """When (and by which worker) a group's latest delivery started: the coordinator's deadline starts here."""
+        return self.key("started", run, problem_id, group)
+
+    def fence_key(self, problem_id: str) -> str:
+        """Counter per problem: every lease taken on it gets the next token (tokens only grow)."""
+        return self.key("fence", problem_id)
+
+    def lease_key(self, problem_id: str) -> str:
+        return self.key("lease", problem_id)
+
     def run_key(self, run: str) -> str:
         return self.key("run", run)
 
@@ -93,6 +106,11 @@ class Settings(KeyLayout):
         like the controller's, so only a hung candidate reaches the soft limit."""
         soft = 2.0 * policy.budget * groups + self.soft_limit_floor
         return soft, soft + max(5.0, 0.25 * soft)
+
+    def lost_after(self, hard: float) -> float:
+        """Seconds without a result, after a group started (or after its queue last moved), before the coordinator
+        sends it again: the hard time limit plus a grace for the result to travel."""
+        return hard + self.lost_grace_seconds
 
     def batch_limit(self, policy: StackPolicy) -> int:
         """The most groups one task may carry while its hard limit stays below the visibility timeout."""

@@ -103,3 +103,121 @@ workloads = [{ n = 400, dtype = "float64" }]
         states = {w["device"]: w["state"] for w in collect(client, f.settings)["workers"]}
         assert states["cpu:0"] == "quarantined"
         assert states["cpu:1"] in ("healthy", "busy")  # busy until its postrun hook, right after the result
+
+
+ONE = """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 2000, dtype = "float64" }]
+"""
+
+
+def test_a_rerun_reuses_only_successful_group_results_and_runs_failed_groups_again(redis_srv, tmp_path):
+    import json
+
+    from farm_fleet.protocol import GroupResult
+
+    with fleet(redis_srv, tmp_path / "fleet", ("cpu:0",)) as f:
+        catalog = load_catalog(write_catalog(tmp_path / "c.toml", ONE), ("farm_testops",))
+        client = f.client()
+        first = tune(catalog, settings=f.settings, **f.coordinator())
+        assert (first.ran, first.reused, first.published) == (2, 0, 1)
+        (agg,) = first.aggregates
+        pid, digest = agg.problem.problem_id, agg.problem.target.digest
+        round_ = client.get(f.settings.key("round", pid))
+        # The decision is gone (say, deleted by an operator) and group g1 had failed (say, a broken build).
+        client.hdel(f.settings.problems_key(digest), pid)
+        g1 = GroupResult.from_dict(json.loads(client.get(f.settings.result_key(round_, pid, "g1"))))
+        failed = GroupResult(g1.run, g1.problem_id, g1.group, "failed", error="the build was broken")
+        client.set(f.settings.result_key(round_, pid, "g1"), json.dumps(failed.to_dict()))
+
+        again = tune(catalog, settings=f.settings, **f.coordinator())
+        assert (again.ran, again.reused, again.published) == (1, 1, 1)
+        (agg,) = again.aggregates
+        assert agg.problem.results["g1"].status == "ok"
+        assert int(client.get(f.settings.attempts_key(round_, pid, "g1"))) == 1  # the failure was forgotten
+
+
+def test_a_coordinator_waiting_for_another_ones_lease_sleeps_instead_of_spinning(redis_srv, tmp_path):
+    import threading
+    import time
+
+    from farm.stores.base import DecisionRecord
+    from farm_coordinator.plan import expand
+
+    with fleet(redis_srv, tmp_path / "fleet", ("cpu:0",)) as f:
+        catalog = load_catalog(write_catalog(tmp_path / "c.toml", ONE), ("farm_testops",))
+        client = f.client()
+        parts = f.coordinator()
+        (problem,) = expand(catalog, parts["fleet"].targets(), "other")
+        client.set(f.settings.lease_key(problem.problem_id), "other#1", px=120_000)  # another live coordinator
+        dispatcher = parts["dispatcher"]
+        loops = [0]
+        real = dispatcher.in_flight
+
+        def counted() -> int:
+            loops[0] += 1
+            return real()
+
+        dispatcher.in_flight = counted
+        outcome: dict[str, object] = {}
+
+        def run() -> None:
+            started = time.thread_time()
+            outcome["summary"] = tune(catalog, settings=f.settings, **parts)
+            outcome["cpu"] = time.thread_time() - started
+
+        coordinator = threading.Thread(target=run)
+        coordinator.start()
+        wait_for(lambda: loops[0] >= 3, 30, "the coordinator to wait a few rounds")
+        # The other coordinator publishes and lets go of its lease.
+        RedisDecisions(client=client, settings=f.settings).publish(
+            DecisionRecord("k", 0, 0, "slow_reference", True, 1.0, time.time(), {}), problem.target.fingerprint,
+            problem.problem_id)
+        client.delete(f.settings.lease_key(problem.problem_id))
+        coordinator.join(60)
+        assert not coordinator.is_alive()
+        summary = outcome["summary"]
+        assert [p.problem_id for p in summary.already_decided] == [problem.problem_id]
+        assert summary.ran == 0
+        # A loop that spins would have run thousands of times; a waiting one wakes once per upkeep.
+        assert loops[0] < 100, loops[0]
+
+
+def test_ctrl_c_revokes_the_runs_tasks_releases_its_leases_exits_130_and_a_rerun_resumes(redis_srv, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    with fleet(redis_srv, tmp_path / "fleet", ("cpu:0",)) as f:
+        catalog = write_catalog(tmp_path / "c.toml", SLOW)
+        client = f.client()
+
+        def tune_process() -> subprocess.Popen[str]:
+            return subprocess.Popen(
+                [sys.executable, "-m", "farm_cli", "tune", str(catalog), "--broker", f.broker, "--redis",
+                 f.results_url, "--kernels", "farm_testops", "--json"],
+                env=f.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+        first = tune_process()
+        wait_for(lambda: any(True for _ in client.scan_iter(f"{f.settings.prefix}:result:*")), 120,
+                 "a first group result")
+        os.killpg(first.pid, signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 130, err
+        assert "interrupted" in err and "run the same command again to resume" in err
+        assert "Traceback" not in err
+        assert list(client.scan_iter(f"{f.settings.prefix}:lease:*")) == []
+        (run,) = [client.hgetall(k) for k in client.scan_iter(f"{f.settings.prefix}:run:*")]
+        assert run["state"] == "interrupted"
+
+        second = tune_process()
+        out, err = second.communicate(timeout=240)
+        assert second.returncode == 0, err
+        store = RedisDecisions(client=client, settings=f.settings)
+        assert sum(1 for d in store.fingerprints() for _ in store.records(d)) == 3
+        # Revoked tasks never started; the group running at Ctrl-C finished once and was reused.
+        attempts = [int(client.get(k)) for k in client.scan_iter(f"{f.settings.prefix}:attempts:*")
+                    if not k.endswith(":confirm")]
+        assert len(attempts) == 6 and set(attempts) == {1}, attempts

@@ -79,3 +79,102 @@ def test_two_coordinators_on_one_catalog_run_every_group_once(redis_srv, tmp_pat
         assert len(counts) == GROUPS
         assert set(counts.values()) == {1}, counts
         assert len(f.client().xrange(f.settings.events_key)) == 4  # each decision published once
+
+
+# -- fencing: leases carry tokens that only grow; publication refuses a stale one atomically --------------------
+
+FINGERPRINT = "8:backend16:device-class-text"
+
+
+def record(created: float = 100.0, verified: bool = True, name: str = "fast"):
+    from farm.identity import fields
+    from farm.stores.base import DecisionRecord
+
+    key = fields(["farm-stack-key-v1", "operator", "op", FINGERPRINT, "w"])
+    return DecisionRecord(key, 1, 0, name, verified, 0.5, created, {"run": f"run-{created}"})
+
+
+@pytest.fixture
+def layout(redis_db):
+    from farm_coordinator.leases import RedisLeases
+    from farm_fleet.settings import Settings
+
+    settings = Settings(prefix="t", lease_ttl=30.0)
+    return settings, RedisLeases(redis_db, settings), RedisDecisions(client=redis_db, settings=settings)
+
+
+def test_each_lease_taken_on_a_problem_carries_a_larger_token(layout, redis_db):
+    from farm_coordinator.leases import token_of
+
+    _, leases, _ = layout
+    first = leases.acquire(["p1"], "a")["p1"]
+    assert leases.acquire(["p1"], "b") == {}  # held
+    redis_db.delete("t:lease:p1")  # expired
+    second = leases.acquire(["p1"], "b")["p1"]
+    assert token_of(second) > token_of(first)
+    assert leases.renew({"p1": first}) == {"p1"}  # the old holder's lease is lost, even under the same name
+    assert leases.renew({"p1": second}) == set()
+
+
+def test_a_publication_under_a_stale_lease_is_refused_and_leaves_no_trace(layout, redis_db):
+    _, leases, decisions = layout
+    stale = leases.acquire(["p1"], "a")["p1"]
+    redis_db.delete("t:lease:p1")
+    fresh = leases.acquire(["p1"], "b")["p1"]
+    ok, reason = decisions.publish(record(200.0), FINGERPRINT, "p1", fence=leases.fence("p1", stale))
+    assert not ok and reason.startswith("refused: stale lease")
+    assert redis_db.xlen("t:events") == 0 and decisions.get(record().cache_key) is None
+    assert decisions.publish(record(100.0), FINGERPRINT, "p1", fence=leases.fence("p1", fresh)) == (True, "new")
+    # The publication consumed the lease: a retried call (its reply lost) cannot publish twice.
+    again = decisions.publish(record(100.0), FINGERPRINT, "p1", fence=leases.fence("p1", fresh))
+    assert again[1].startswith("refused")
+    assert redis_db.xlen("t:events") == 1
+    assert redis_db.get("t:lease:p1") is None
+
+
+@pytest.mark.parametrize("stored, says", [
+    ("5", "not an object"),
+    ("not json", "unreadable JSON"),
+    ('{"verified": true, "created": "yesterday"}', "created is not a finite number"),
+    ('{"verified": true, "created": 1e300}', "created is in the future"),
+    ('{"verified": "yes", "created": 1}', "verified is not a boolean"),
+])
+def test_a_malformed_stored_record_is_replaced_and_the_event_says_so(layout, redis_db, stored, says):
+    from farm.environment import fingerprint_digest
+    from farm.stores.redis import field_for
+
+    settings, _, decisions = layout
+    r = record(100.0, verified=False)
+    redis_db.hset(settings.decisions_key(fingerprint_digest(FINGERPRINT)), field_for(r.cache_key), stored)
+    ok, reason = decisions.publish(r, FINGERPRINT, "p1")
+    assert ok and reason == f"replaced malformed record ({says})"
+    assert decisions.get(r.cache_key) == r
+    (_, event), = redis_db.xrange("t:events")
+    assert event["reason"] == reason
+
+
+# -- presence heals; a restarted worker is a new incarnation ----------------------------------------------------
+
+def test_a_heartbeat_rewrites_an_expired_worker_record_whole_and_a_restart_is_a_new_incarnation(redis_db):
+    import dataclasses
+    import time
+
+    from farm_coordinator.fleet import RedisFleet
+    from farm_fleet import presence
+    from farm_fleet.settings import Settings
+
+    settings = Settings(prefix="t")
+    info = presence.WorkerInfo("w1", "host", "cpu:0", "cpu", "digest", "model", "1", presence.HEALTHY, 1, time.time(),
+                               "farm.worker.w1")
+    presence.announce(redis_db, settings, info)
+    fleet = RedisFleet(redis_db, settings)
+    incarnation = redis_db.hget(settings.worker_key("w1"), "incarnation")
+    assert incarnation == presence.INCARNATION and fleet.alive("w1", incarnation)
+    redis_db.delete(settings.worker_key("w1"))  # expired while frozen
+    assert not fleet.alive("w1", incarnation)
+    presence.beat(redis_db, settings, "w1")
+    healed = presence.WorkerInfo.from_fields(redis_db.hgetall(settings.worker_key("w1")))
+    assert (healed.device, healed.fingerprint, healed.state, healed.queue) == ("cpu:0", "digest", "healthy", "farm.worker.w1")
+    assert fleet.alive("w1", incarnation)
+    presence.announce(redis_db, settings, dataclasses.replace(info, incarnation="restarted"))
+    assert fleet.alive("w1", "restarted") and not fleet.alive("w1", incarnation)

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> installed import name (pyproject.toml, [tool.setuptools.package-dir])
 PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "workers": "farm_workers",

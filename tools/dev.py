@@ -153,6 +153,36 @@ def ensure_redis() -> None:
         apt_install("redis-server")
 
 
+def ensure_rabbitmq() -> None:
+    """The RabbitMQ tests use 127.0.0.1:5672 (guest/guest) with a vhost of their own. Where no server answers
+    there, start a private one (data and logs under .venv/rabbitmq); without rabbitmq-server say so and go on
+    (those tests skip, or fail when CI=true)."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        if s.connect_ex(("127.0.0.1", 5672)) == 0:
+            return
+    server = shutil.which("rabbitmq-server")
+    if server is None:
+        print("dev.py: rabbitmq-server is not installed: the RabbitMQ tests will skip (apt-get install rabbitmq-server)")
+        return
+    base = VENV / "rabbitmq"
+    base.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, RABBITMQ_MNESIA_BASE=str(base / "mnesia"), RABBITMQ_LOG_BASE=str(base / "log"),
+               RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT="5672")
+    run(server, "-detached", env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            if s.connect_ex(("127.0.0.1", 5672)) == 0:
+                return
+        time.sleep(1.0)
+    print("dev.py: the private RabbitMQ did not start within 60 s; see .venv/rabbitmq/log")
+
+
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "test"
     rest = argv[1:]
@@ -166,6 +196,7 @@ def main(argv: list[str]) -> int:
         return subprocess.call([str(BIN / "farm"), "tune", "examples/catalog.toml", *rest])
     if command == "test":
         ensure_redis()
+        ensure_rabbitmq()
         run(str(BIN / "ruff"), "check", ".")
         run(str(BIN / "mypy"))
         return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest])

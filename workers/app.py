@@ -3,20 +3,31 @@
 Configuration comes from ``farm_fleet.celeryconf`` (JSON only, late ack, prefetch 1, events on). The task
 ``farm.run_groups`` runs :func:`farm_workers.tasks.run_groups` (a batch of group tasks) in the worker's pool process, whose context (device
 client, Redis results) is built on first use in that process, after pinning, so CUDA initializes there only.
+
+Results travel one way: through the farm's results store (``farm_fleet.results``), never Celery's result backend
+(the group task ignores results). Faults:
+
+- a results-store outage inside a task is retried with back-off (``FARM_STORE_RETRY_SECONDS``); past that the
+  task is sent again by Celery's retry with a growing countdown, at most ``FARM_MAX_ATTEMPTS`` times, and never
+  acknowledged as done;
+- a task that ends in an error (the hard time limit among them: Celery calls ``on_failure`` in the worker's main
+  process) records a failed result for each of its groups that has none, so the coordinator learns it at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
-from celery import Celery, signals
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery import Celery, Task, signals
+from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExceeded
 
 from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
-from farm_fleet.protocol import GROUP_TASK, PING_TASK
+from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupResult, GroupTask, ProtocolError
+from farm_fleet.results import RedisResults, StoreUnavailable
 from farm_fleet.settings import Settings
 from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
 
@@ -24,6 +35,7 @@ DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
 WORKER_ID_VARIABLE = "FARM_WORKER_ID"
 KERNELS_VARIABLE = "FARM_KERNELS"
 
+log = logging.getLogger(__name__)
 _context: WorkerContext | None = None
 
 
@@ -61,14 +73,28 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.conf.update(celery_config(settings))
     app.conf.farm_settings = settings
 
+    class GroupsTask(Task):
+        def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+            _record_failure(settings, args, exc)
+
     # shared=False: each app keeps its own tasks (a second create_app() must not reuse the first one's settings).
-    @app.task(name=GROUP_TASK, bind=True, shared=False)
+    @app.task(name=GROUP_TASK, bind=True, shared=False, base=GroupsTask, ignore_result=True)
     def run_groups_task(self: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         try:
-            return run_groups(messages, worker_context(settings))
+            ctx = worker_context(settings)
+            keys = [_key(m) for m in messages]
+            ctx.results.started(keys, ctx.worker_id, presence.INCARNATION)
+            done = run_groups(messages, ctx)
+            if len(done) < len(messages) and isinstance(ctx.results, RedisResults):
+                ctx.results.unrun(keys[len(done):])
+            return done
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
             raise Reject(f"device quarantined: {e}", requeue=True) from e
+        except StoreUnavailable as e:
+            # Never acknowledged as done: a copy goes back to the broker after a growing countdown (bounded).
+            countdown = min(60.0, settings.store_retry_seconds * 2 ** self.request.retries)
+            raise self.retry(exc=e, countdown=countdown, max_retries=settings.max_attempts) from e
 
     @app.task(name=PING_TASK, shared=False)
     def ping() -> dict[str, Any]:
@@ -78,13 +104,45 @@ def create_app(settings: Settings | None = None) -> Celery:
     return app
 
 
+def _key(message: Any) -> tuple[str, str, str]:
+    return (str(message["run"]), str(message["problem_id"]), str(message["group"]))
+
+
+_failure_store: Any = None
+
+
+def _record_failure(settings: Settings, args: Any, exc: BaseException) -> None:
+    """Store a failed result for every group of a failed task that has none (runs in the worker's main process on
+    a hard time limit, where no device context exists: a results-only client is made once)."""
+    global _failure_store
+    if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError)):
+        return  # an infrastructure outage is no verdict on the group: the coordinator sends it again
+    try:
+        if _context is not None:
+            store: Any = _context.results
+        else:
+            if _failure_store is None:
+                from farm.stores.redis import connect
+
+                _failure_store = RedisResults(connect(str(settings.redis_url), timeout=5.0), settings)
+            store = _failure_store
+        for message in (args[0] if args else []):
+            store.put_if_absent(GroupResult.failed(GroupTask.from_dict(message), f"task failed: {exc!r}"))
+    except (StoreUnavailable, ProtocolError, KeyError, TypeError) as e:
+        # The coordinator's deadline sends the group again: nothing is lost.
+        log.warning("could not record the failure of a task (%s): %s", exc, e)
+
+
 def _set_state(state: str) -> None:
     if _context is None or WORKER_ID_VARIABLE not in os.environ:
         return
     if _context.quarantined is not None:
         state = presence.QUARANTINED
     results: Any = _context.results
-    presence.beat(results.client, _context.settings, _context.worker_id, state)
+    try:
+        presence.beat(results.client, _context.settings, _context.worker_id, state)
+    except Exception as e:  # an unreachable Redis must not fail the task; the next beat heals the record
+        log.warning("could not record state %s: %s", state, e)
 
 
 @signals.task_prerun.connect

@@ -160,7 +160,7 @@ def _checksum(body: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class Publication:
     """One decision as the farm publishes it, to Redis or a local cache: the record, its fingerprint text, the
-    problem id to index it under ("" for none) and the trial rows behind it. ``text``: the record's verified
+    problem id to index it under ("" for none), the trial rows behind it and the lease that fences it. ``text``: the record's verified
     :meth:`DecisionRecord.to_json` text when it is at hand (saves re-encoding); ``trials_text``: the rows' JSON."""
 
     record: DecisionRecord
@@ -169,6 +169,7 @@ class Publication:
     trials: tuple[dict[str, Any], ...] = ()
     text: str | None = field(default=None, compare=False, repr=False)
     trials_text: str | None = field(default=None, compare=False, repr=False)
+    fence: tuple[str, str] | None = None  # (lease key, value): publish only while that lease holds (Redis)
 
     @property
     def json(self) -> str:

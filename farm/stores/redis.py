@@ -168,11 +168,13 @@ class RedisDecisions:
         self._function_loaded = True
 
     def publish(
-        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None
+        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None,
+        fence: tuple[str, str] | None = None,
     ) -> tuple[bool, str]:
         """Publish atomically under the replacement rule, with the trial rows behind the decision (every timing
-        pair and verdict with its provenance); return (replaced, reason)."""
-        return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials or ()))])[0]
+        pair and verdict with its provenance); return (replaced, reason). With ``fence`` (key, value) the call is
+        refused ("refused: stale lease ...") unless that key holds exactly that value, and consumes the key."""
+        return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials or ()), fence=fence)])[0]
 
     def _publish_args(self, pub: Publication) -> tuple[list[str], list[str]]:
         """The keys and arguments of one ``farm_publish`` call (publish.lua): built here and nowhere else."""
@@ -186,6 +188,8 @@ class RedisDecisions:
         digest, maxlen, keys = cached
         args = [key_sha256(pub.record.cache_key), pub.json, pub.problem_id, digest, pub.fingerprint, maxlen,
                 pub.trials_json]
+        if pub.fence is not None:  # the lease that must still hold (publish.lua checks and consumes it)
+            return [*keys, pub.fence[0]], [*args, pub.fence[1]]
         return keys, args
 
     def publish_many(self, publications: Iterable[Publication], batch: int = 2000) -> list[tuple[bool, str]]:

@@ -1,0 +1,53 @@
+"""How a run ends early: its timeout passes (:func:`expire`) or the operator presses Ctrl-C (:func:`interrupt`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from farm_coordinator.aggregate import unconfirmed
+from farm_coordinator.machine import ACTIVE, State
+from farm_coordinator.ports import RunInterrupted
+from farm_fleet.results import StoreUnavailable, transient
+
+if TYPE_CHECKING:
+    from farm_coordinator.run import _Run
+
+
+def quietly(call: Callable[[], Any]) -> None:
+    """Run ``call``; an unreachable Redis or broker is ignored (the caller has a fallback or is ending)."""
+    try:
+        call()
+    except Exception as e:
+        if not (isinstance(e, StoreUnavailable) or transient(e)):
+            raise
+
+
+def expire(run: _Run) -> None:
+    """The run's timeout passed: a problem still waiting for a confirmation is published unconfirmed; every
+    other unfinished problem fails (none is published with a group missing)."""
+    quietly(run.drain)
+    run.queue.clear()
+    quietly(run.dispatcher.cancel)
+    for t in run.board.members(State.CONFIRMING):
+        run.conclude(unconfirmed(t.problem.confirmation, run.policy, "unconfirmed: no confirmation before the timeout"))
+    run.claims.backlog.clear()
+    for t in run.board.members(State.WAITING):
+        held = t.pid in run.claims.elsewhere
+        run.fail(t, "held by another coordinator until the timeout" if held else "not started before the timeout")
+    for t in run.board.members(State.QUEUED, State.RUNNING):
+        missing = [task.group for task in t.problem.tasks if task.group not in t.problem.results]
+        run.fail(t, f"no result before the run's timeout for groups {', '.join(missing)}")
+    quietly(run.publish_pending)
+
+
+def interrupt(run: _Run) -> None:
+    """Ctrl-C: revoke what is queued or running, release our leases, record the run, and say how to resume."""
+    remaining = run.board.unfinished
+    quietly(run.dispatcher.cancel)
+    for t in list(run.board.members(*ACTIVE)):
+        if t.lease is not None:
+            quietly(functools.partial(run.leases.release, t.pid, t.lease))
+    quietly(lambda: run.runlog.update(run.run, run.groups_done, run.summary.published, state="interrupted"))
+    raise RunInterrupted(run.summary, remaining)

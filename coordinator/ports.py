@@ -1,0 +1,115 @@
+"""The run's ports (what the coordinator needs from the fleet, leases, results and run log) and its records
+(events for progress displays, the summary, the interruption)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from farm.errors import FarmError
+from farm_coordinator.aggregate import Aggregate
+from farm_coordinator.plan import Problem, Target
+from farm_fleet.protocol import GroupResult
+
+
+class Fleet(Protocol):
+    """Where tasks can run: target fingerprints, their queues, and a second device for confirmations."""
+
+    def targets(self) -> list[Target]: ...
+
+    def queue(self, target: Target) -> str: ...
+
+    def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str, str] | None:
+        """(worker id, queue, incarnation) of another healthy device of the target's fingerprint, or None."""
+        ...
+
+    def alive(self, worker_id: str, incarnation: str = "") -> bool:
+        """Whether that incarnation of a worker still serves (a restarted worker is a new incarnation)."""
+        ...
+
+
+class Leases(Protocol):
+    """Single flight across coordinators, with fencing tokens (see farm_coordinator.leases)."""
+
+    def acquire(self, pids: list[str], holder: str) -> dict[str, str]: ...
+
+    def renew(self, leases: dict[str, str]) -> set[str]: ...
+
+    def release(self, pid: str, lease: str) -> None: ...
+
+    def fence(self, pid: str, lease: str) -> tuple[str, str] | None: ...
+
+    def rounds(self, pids: list[str], run: str, fresh: bool) -> dict[str, str]: ...
+
+
+class Results(Protocol):
+    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]: ...
+
+    def discard(self, keys: list[tuple[str, str, str]]) -> None: ...
+
+
+class RunLog(Protocol):
+    def start(self, run: str, catalog: str, groups: int) -> None: ...
+
+    def update(self, run: str, done: int, published: int, state: str = "running") -> None: ...
+
+
+class ProgressHook(Protocol):
+    """A display of a run's progress (``farm_cli.progress``): what the summary counts, as it happens."""
+
+    def started(self, run: str, problems: int, reused: int, trials: int) -> None: ...
+
+    def group_done(self, trials: int) -> None: ...
+
+    def problem_done(self, outcome: str, aggregate: Any = None) -> None: ...
+
+    def finished(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One step of a run, for progress displays. ``kind``: a problem state ("queued", "running", "confirming",
+    "published", "failed", "waiting") when a problem moved, else "group" (a group result arrived), "reused" (a
+    stored result was reused), "lost" (a group is sent again), "outage" / "resumed" (Redis or the broker went
+    away / came back). Counts are the run's totals so far."""
+
+    kind: str
+    problem: Problem | None
+    groups_done: int
+    groups_total: int
+    published: int
+    failed: int
+    note: str = ""
+
+
+@dataclass
+class RunSummary:
+    run: str
+    aggregates: list[Aggregate] = field(default_factory=list)
+    already_decided: list[Problem] = field(default_factory=list)
+    failed: list[tuple[Problem, str]] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    tasks: int = 0
+    devices: int = 0
+    reused: int = 0  # group results reused from an earlier run of the same round
+    ran: int = 0  # group results this run received from the fleet
+    resent: int = 0  # groups sent again (lost, or their batch stopped early)
+
+    @property
+    def trial_seconds(self) -> float:
+        return sum(a.trial_seconds for a in self.aggregates)
+
+    @property
+    def published(self) -> int:
+        return sum(1 for a in self.aggregates if a.record is not None)
+
+
+class RunInterrupted(FarmError):
+    """Raised when a run is interrupted (Ctrl-C): its queued tasks were revoked and its leases released."""
+
+    exit_code = 130
+
+    def __init__(self, summary: RunSummary, remaining: int) -> None:
+        super().__init__(f"run {summary.run} interrupted with {remaining} problems unfinished; run the same "
+                         f"command again to resume (finished groups are reused, published problems skipped)")
+        self.summary = summary

@@ -1,0 +1,88 @@
+"""What a run shows and the confirmation task it builds: the progress bars, the summary table, and the
+helper that turns a winner into a confirmation task."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from farm_coordinator.aggregate import Aggregate
+from farm_coordinator.plan import Problem
+from farm_fleet.protocol import GroupTask
+
+if TYPE_CHECKING:
+    from farm_coordinator.ports import ProgressHook
+    from farm_coordinator.run import RunSummary
+
+CONFIRM_GROUP = "confirm"
+
+
+def confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
+    """The task that re-times ``agg``'s winner on a second device (group ``confirm`` of the problem's round),
+    naming it by name and revision as every task does."""
+    assert agg.record is not None
+    base = problem.tasks[0]
+    winner = (agg.record.name, problem.revision(agg.record.name))
+    return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
+                     base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
+
+
+@contextmanager
+def progress(console: Console, problems: list[Problem]) -> Iterator[Callable[[str, int], None]]:
+    """One bar per fingerprint, in trials; yields ``advance(digest, trials)``."""
+    totals: dict[str, int] = {}
+    for p in problems:
+        totals[p.target.digest] = totals.get(p.target.digest, 0) + sum(len(t.candidates) for t in p.tasks)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bars_view:
+        bars = {digest: bars_view.add_task(f"fingerprint {digest[:8]}", total=total) for digest, total in totals.items()}
+
+        def advance(digest: str, trials: int) -> None:
+            bars_view.advance(bars[digest], trials)
+
+        yield advance
+
+
+@contextmanager
+def hooked(hook: ProgressHook, run: str, problems: list[Problem], reused: int) -> Iterator[Callable[[str, int], None]]:
+    """A progress hook in place of the bars: problems (with those already decided) and trials."""
+    hook.started(run, len(problems) + reused, reused, sum(len(t.candidates) for p in problems for t in p.tasks))
+    try:
+        yield lambda digest, trials: hook.group_done(trials)
+    finally:
+        hook.finished()
+
+
+def summary_table(summary: RunSummary) -> Table:
+    """The decisions of a run as a table: one row per problem."""
+    from farm_kernels import registry
+
+    table = Table(title=f"run {summary.run}: {summary.published} decisions, {len(summary.already_decided)} already "
+                        f"decided, {len(summary.failed)} failed; group results: {summary.ran} ran, "
+                        f"{summary.reused} reused")
+    for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):
+        table.add_column(column, no_wrap=column != "workload")
+    for agg in sorted(summary.aggregates, key=lambda a: (a.problem.target.digest, a.problem.workload.where)):
+        r = agg.record
+        workload = registry.get(agg.problem.workload.operation).label(agg.problem.workload.spec)
+        row = [agg.problem.target.digest[:8], agg.problem.workload.operation, workload]
+        if r is None:
+            table.add_row(*row, "-", "-", "-", "-", agg.error or "")
+            continue
+        lost = sum(1 for c in r.meta.get("candidates", []) if c["name"] != r.name)
+        confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
+        table.add_row(*row, r.name, f"{r.ratio:.3f}", "yes" if r.verified else "no", confirmation, str(lost))
+    return table

@@ -1,0 +1,178 @@
+"""The coordinator's state machine and the dispatcher's deadlines, as pure logic (the real-process tests are in
+test_faults.py, test_farm_recovery.py and test_farm_singleflight.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from farm_coordinator.dispatch import CeleryDispatcher
+from farm_coordinator.machine import Board, IllegalTransition, State
+from farm_coordinator.plan import Problem, Target
+from farm_fleet.protocol import GroupTask
+from farm_fleet.settings import Settings
+
+
+def problem(pid: str) -> Problem:
+    from farm_coordinator.catalog import Workload
+
+    task = GroupTask("r", pid, "g0", "op", "cpu", {}, (1,), {}, "fp")
+    return Problem(pid, Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), [task])
+
+
+def test_a_problem_moves_along_the_allowed_transitions_and_each_move_is_reported():
+    moves: list[tuple[str, str, str]] = []
+    board = Board([problem("a"), problem("b")], lambda t, old, new: moves.append((t.pid, old.value, new.value)))
+    assert board.count(State.WAITING) == 2 and board.unfinished == 2
+    for state in (State.QUEUED, State.RUNNING, State.CONFIRMING, State.PUBLISHED):
+        board.move("a", state)
+    board.move("b", State.FAILED, "every group failed")
+    assert board.unfinished == 0 and board["b"].note == "every group failed"
+    assert moves[:2] == [("a", "waiting", "queued"), ("a", "queued", "running")]
+    assert [t.pid for t in board.members(State.PUBLISHED)] == ["a"]
+
+
+@pytest.mark.parametrize("path", [
+    (State.PUBLISHED, State.QUEUED),  # a published problem is final
+    (State.FAILED, State.RUNNING),
+    (State.RUNNING,),  # never sent before it was leased and queued
+])
+def test_a_transition_the_machine_does_not_allow_is_refused(path):
+    board = Board([problem("a")])
+    with pytest.raises(IllegalTransition):
+        for state in path:
+            board.move("a", state)
+
+
+def test_a_lost_lease_sends_a_problem_back_to_waiting_and_drops_its_lease():
+    board = Board([problem("a")])
+    board.move("a", State.QUEUED).lease = "me#1"
+    board.move("a", State.RUNNING)
+    assert board.move("a", State.WAITING, "lease lost").lease is None
+
+
+class FakeResults:
+    """The results store's surface the dispatcher uses (its real implementation is tested with Redis)."""
+
+    def __init__(self) -> None:
+        self.started: dict[Any, float] = {}
+
+    def notices(self, rounds, timeout):
+        return []
+
+    def started_at(self, keys):
+        return [self.started.get(k) for k in keys]
+
+    def get_many(self, keys):
+        return [None for _ in keys]
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def send_task(self, name, **options):
+        self.sent.append(options["task_id"])
+
+
+def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_started(monkeypatch):
+    import farm_coordinator.dispatch as dispatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: clock[0])
+    results = FakeResults()
+    d = CeleryDispatcher(FakeApp(), results, Settings(lost_grace_seconds=5.0), sweep=1.0)  # type: ignore[arg-type]
+    task = problem("a").tasks[0]
+    d.submit([task], "q", (10.0, 20.0))
+    d.collect()
+    assert d.lost() == [] and d.in_flight() == 1
+    results.started[("r", "a", "g0")] = 123.0
+    clock[0] += 20.0
+    d.collect()  # sees the delivery start now
+    clock[0] += 24.0
+    d.collect()
+    assert d.lost() == []  # 24 s after it started: within hard limit + grace
+    clock[0] += 2.0
+    d.collect()
+    assert d.lost() == [task] and d.in_flight() == 0
+
+
+def test_a_run_reports_each_problem_state_and_group_result_to_its_event_hook(tmp_path):
+    from farm_helpers import write_catalog
+
+    from farm_cli import _embedded_parts
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
+
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", """
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{ n = 500, dtype = "float64" }]
+"""), ("farm_testops",))
+    settings = Settings()
+    events: list[Any] = []
+    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    summary = tune(catalog, settings=settings, on_event=events.append, **parts)
+    kinds = [e.kind for e in events]
+    assert kinds == ["queued", "running", "group", "group", "published"]
+    assert (events[-1].groups_done, events[-1].groups_total) == (2, 2)
+    assert events[0].problem is summary.aggregates[0].problem
+    assert (summary.ran, summary.reused, summary.published) == (2, 0, 1)
+
+
+def test_a_group_that_never_starts_while_its_queue_stands_still_is_sent_again_with_back_off(monkeypatch):
+    import farm_coordinator.dispatch as dispatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(dispatch.time, "monotonic", lambda: clock[0])
+    app = FakeApp()
+    d = CeleryDispatcher(app, FakeResults(), Settings(lost_grace_seconds=5.0), sweep=1.0)  # type: ignore[arg-type]
+    d.submit([problem("a").tasks[0]], "q", (10.0, 20.0))
+    sent_at = []
+    for _ in range(160):  # 160 s of a queue that never moves
+        clock[0] += 1.0
+        d.collect()
+        assert d.lost() == []  # never started: the dispatcher sends it again itself
+        if len(app.sent) > len(sent_at) + 1:
+            sent_at.append(clock[0])
+    assert [round(t - 1000) for t in sent_at] == [26, 77]  # after 25 s, then 50 s more: backing off
+    assert d.in_flight() == 1
+
+
+def test_a_run_leases_problems_in_a_window_refilled_as_they_finish(tmp_path):
+    import dataclasses
+
+    from farm_helpers import write_catalog
+
+    from farm_cli import _embedded_parts
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.leases import LocalLeases
+    from farm_coordinator.run import tune
+
+    workloads = ", ".join(f'{{ n = {10 + i}, dtype = "float64" }}' for i in range(600))
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", f"""
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{workloads}]
+"""), ("farm_testops",))
+    settings = Settings(max_in_flight=64)
+    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    real, template = parts["dispatcher"].execute, {}
+
+    def instant(task, queue):  # the coordinator is under test here, not the trials: one real result per group
+        if task.group not in template:
+            template[task.group] = real(task, queue)
+        return dataclasses.replace(template[task.group], run=task.run, problem_id=task.problem_id)
+
+    parts["dispatcher"].execute = instant
+    sizes: list[int] = []
+
+    class CountingLeases(LocalLeases):
+        def acquire(self, pids, holder):
+            sizes.append(len(pids))
+            return super().acquire(pids, holder)
+
+    summary = tune(catalog, settings=settings, leases=CountingLeases(), **parts)
+    assert summary.published == 600
+    assert sizes[0] == 256 and max(sizes) == 256 and sum(sizes) == 600 and len(sizes) >= 3
