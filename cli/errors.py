@@ -72,7 +72,7 @@ def errors(interrupted_hint: str | None = None) -> Iterator[None]:
         yield
     except FarmError as error:
         if getattr(error, "exit_code", None) == EXIT_INTERRUPTED:  # the run's own Ctrl-C (RunInterrupted)
-            click.echo(f"\nfarm: {error}" + (f"; {interrupted_hint}" if interrupted_hint else ""), err=True)
+            click.echo(f"\nfarm: interrupted ({error})" + (f"; {interrupted_hint}" if interrupted_hint else ""), err=True)
             sys.exit(EXIT_INTERRUPTED)
         fail(str(error))
     except KeyboardInterrupt:

@@ -3,13 +3,13 @@ what the columns mean, and what to do about failures."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from pathlib import Path
 from typing import Any
 
 from farm.stores.base import DecisionRecord
 from farm_coordinator.catalog import workload_label
+from farm_coordinator.plan import Problem
+from farm_coordinator.sinks import Sink
 
 LEGEND = (
     "source: ran = tuned in this run, reused = already decided by an earlier run (not re-tuned).\n"
@@ -20,31 +20,15 @@ LEGEND = (
 )
 
 
-def decided_records(sink: Any, problems: list[Any]) -> dict[str, DecisionRecord]:
-    """The published records of problems an earlier run decided (problem id -> record), read back from the sink:
-    Redis (the fleet) or the embedded farm's cache directory. Unreadable ones are left out."""
-    found: dict[str, DecisionRecord] = {}
+def decided_records(sink: Sink, problems: list[Problem]) -> dict[str, DecisionRecord]:
+    """The published records of problems an earlier run decided (problem id -> record), read back through the sink
+    (Redis, or the embedded farm's local cache). Unreadable ones are left out."""
     by_digest: dict[str, list[str]] = {}
     for p in problems:
         by_digest.setdefault(p.target.digest, []).append(p.problem_id)
-    decisions = getattr(sink, "decisions", None)
+    found: dict[str, DecisionRecord] = {}
     for digest, pids in by_digest.items():
-        if decisions is not None:  # RedisSink
-            client, settings = decisions.client, decisions.settings
-            shas = client.hmget(settings.problems_key(digest), pids)
-            raws = client.hmget(settings.decisions_key(digest), [s or "-" for s in shas])
-            pairs = [(pid, raw) for pid, sha, raw in zip(pids, shas, raws, strict=True) if sha and raw]
-        else:  # DirectorySink
-            index = getattr(sink, "_index", {}).get("problems", {}).get(digest, {})
-            directory = Path(getattr(sink, "directory", "."))
-            pairs = []
-            for pid in pids:
-                if pid in index:
-                    with contextlib.suppress(OSError):
-                        pairs.append((pid, (directory / f"{index[pid]}.json").read_bytes()))
-        for pid, raw in pairs:
-            with contextlib.suppress(Exception):
-                found[pid] = DecisionRecord.from_json(raw)
+        found.update(sink.problem_records(digest, pids))
     return found
 
 

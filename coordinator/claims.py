@@ -19,11 +19,11 @@ from farm_coordinator.runview import CONFIRM_GROUP
 from farm_fleet.results import reusable
 
 if TYPE_CHECKING:
-    from farm_coordinator.run import _Run
+    from farm_coordinator.ports import RunState
 
 
 class Claims:
-    def __init__(self, run: _Run, pids: list[str]) -> None:
+    def __init__(self, run: RunState, pids: list[str]) -> None:
         self.run = run
         self.backlog: deque[str] = deque(pids)  # never tried yet, in catalog order
         self.elsewhere: dict[str, None] = {}  # tried: held by another coordinator

@@ -12,7 +12,7 @@ from farm_coordinator.ports import RunInterrupted
 from farm_fleet.results import StoreUnavailable, transient
 
 if TYPE_CHECKING:
-    from farm_coordinator.run import _Run
+    from farm_coordinator.ports import RunState
 
 
 def quietly(call: Callable[[], Any]) -> None:
@@ -24,7 +24,7 @@ def quietly(call: Callable[[], Any]) -> None:
             raise
 
 
-def expire(run: _Run) -> None:
+def expire(run: RunState) -> None:
     """The run's timeout passed: a problem still waiting for a confirmation is published unconfirmed; every
     other unfinished problem fails (none is published with a group missing)."""
     quietly(run.drain)
@@ -42,7 +42,7 @@ def expire(run: _Run) -> None:
     quietly(run.publish_pending)
 
 
-def interrupt(run: _Run) -> None:
+def interrupt(run: RunState) -> None:
     """Ctrl-C: revoke what is queued or running, release our leases, record the run, and say how to resume."""
     remaining = run.board.unfinished
     quietly(run.dispatcher.cancel)

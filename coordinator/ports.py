@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.plan import Problem, Target
-from farm_fleet.protocol import GroupResult
+from farm_fleet.protocol import GroupResult, GroupTask
+
+if TYPE_CHECKING:  # types only: these modules import nothing of the run
+    from rich.console import Console
+
+    from farm.policy import StackPolicy
+    from farm_coordinator.dispatch import Dispatcher
+    from farm_coordinator.machine import Board, Tracked
+    from farm_coordinator.sinks import Sink
+    from farm_fleet.settings import Settings
 
 
 class Fleet(Protocol):
@@ -113,3 +123,46 @@ class RunInterrupted(FarmError):
         super().__init__(f"run {summary.run} interrupted with {remaining} problems unfinished; run the same "
                          f"command again to resume (finished groups are reused, published problems skipped)")
         self.summary = summary
+
+
+class ClaimsView(Protocol):
+    """What the run's endings read of its claims (``farm_coordinator.claims.Claims``)."""
+
+    backlog: deque[str]  # problems never tried yet, in catalog order
+    elsewhere: dict[str, None]  # problems held by another coordinator
+
+
+class RunState(Protocol):
+    """The state of one tuning run as its helpers see it (``claims``, ``endings``): the run loop
+    (``farm_coordinator.run``) implements it; the helpers never import the run."""
+
+    run: str
+    force: bool
+    policy: StackPolicy
+    settings: Settings
+    board: Board
+    summary: RunSummary
+    runlog: RunLog
+    groups_done: int
+    dispatcher: Dispatcher
+    results: Results | None
+    leases: Leases
+    fleet: Fleet
+    sink: Sink
+    console: Console
+    queue: deque[tuple[GroupTask, str]]
+    claims: ClaimsView
+
+    def on_result(self, result: GroupResult, reused: bool = False) -> None: ...
+
+    def queue_next(self, t: Tracked) -> None: ...
+
+    def conclude(self, agg: Aggregate) -> None: ...
+
+    def fail(self, t: Tracked, reason: str, record: bool = True) -> None: ...
+
+    def settled(self, outcome: str, agg: Aggregate | None = None) -> None: ...
+
+    def drain(self) -> None: ...
+
+    def publish_pending(self) -> None: ...

@@ -23,8 +23,7 @@ from farm_coordinator.plan import Problem
 from farm_fleet.protocol import GroupTask
 
 if TYPE_CHECKING:
-    from farm_coordinator.ports import ProgressHook
-    from farm_coordinator.run import RunSummary
+    from farm_coordinator.ports import ProgressHook, RunSummary
 
 CONFIRM_GROUP = "confirm"
 

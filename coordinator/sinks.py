@@ -24,6 +24,10 @@ class Sink(Protocol):
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]: ...
 
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        """The published records of decided problems (problem id -> record), read back for the summary."""
+        ...
+
 
 class RedisSink:
     """Publication through ``farm_publish`` (one atomic server-side call per decision)."""
@@ -37,6 +41,9 @@ class RedisSink:
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.decisions.decided(digest, problem_ids)
+
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        return self.decisions.problem_records(digest, problem_ids)
 
 
 class DirectorySink:
@@ -55,3 +62,6 @@ class DirectorySink:
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.store.decided(digest, problem_ids)
+
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        return self.store.problem_records(digest, problem_ids)

@@ -17,7 +17,7 @@ from farm_fleet.settings import Settings
 def problem(pid: str) -> Problem:
     from farm_coordinator.catalog import Workload
 
-    task = GroupTask("r", pid, "g0", "op", "cpu", {}, (1,), {}, "fp")
+    task = GroupTask("r", pid, "g0", "op", "cpu", {}, (("a", "1"),), {}, "fp")
     return Problem(pid, Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), [task])
 
 

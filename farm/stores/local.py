@@ -21,7 +21,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -32,15 +31,12 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.stores.base import CorruptRecord, DecisionRecord, Publication, key_hash, replaces
+from farm.stores.migrate import APP, FARM, legacy_files, migrate, replace_row
 
 log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
-APP, FARM = 0, 1  # row owners: an application's controller (its capacity and ttl apply), the farm (never pruned)
-_LEGACY_RECORD = re.compile(r"[0-9a-f]{64}\.json")
-_LEGACY_INDEX = "farm-index.json"
-_LEGACY_TRIALS = "trials"
 _BATCH = 1000
 
 _SCHEMA = """
@@ -104,7 +100,7 @@ class LocalStore:
                 return self._conn
             self._conn.close()
             self._conn = None
-        if not create and not self.path.exists() and not _legacy_files(self.directory):
+        if not create and not self.path.exists() and not legacy_files(self.directory):
             with contextlib.suppress(FileNotFoundError):
                 os.stat(self.directory)  # a path through a file is an error, a missing directory a miss
             return None
@@ -149,7 +145,7 @@ class LocalStore:
             if conn.execute("PRAGMA user_version").fetchone()[0] == 0:  # another process may have won the race
                 for statement in _statements(_SCHEMA):
                     conn.execute(statement)
-                migrated = _migrate(conn, self.directory)
+                migrated = migrate(conn, self.directory)
                 conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
             else:
                 migrated = []
@@ -206,7 +202,7 @@ class LocalStore:
     def put(self, record: DecisionRecord) -> None:
         """Store under this store's owner, then prune its expired and excess rows (indexed; never the farm's)."""
         with self._write() as conn:
-            _replace(conn, key_hash(record.cache_key), self.owner, record.created, None, record.to_json())
+            replace_row(conn, key_hash(record.cache_key), self.owner, record.created, None, record.to_json())
             if self.owner == APP:
                 self._prune(conn)
 
@@ -294,6 +290,19 @@ class LocalStore:
                 f"p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)))
         return found
 
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        """The published records of ``problem_ids`` for this fingerprint (problem id -> record); unreadable ones are
+        left out."""
+        found: dict[str, DecisionRecord] = {}
+        for at in range(0, len(problem_ids), 500):
+            chunk = problem_ids[at : at + 500]
+            for pid, raw in self._read(
+                "SELECT p.problem_id, d.record FROM problems p JOIN decisions d ON d.key = p.key WHERE p.digest = ? "
+                f"AND p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)):
+                with contextlib.suppress(CorruptRecord):
+                    found[pid] = DecisionRecord.from_json(raw)
+        return found
+
     def fingerprints(self) -> dict[str, str]:
         """Digest -> fingerprint text of every fingerprint the farm published."""
         return dict(self._read("SELECT digest, fingerprint FROM fingerprints"))
@@ -341,59 +350,3 @@ def _replace(conn: sqlite3.Connection, key: bytes, owner: int, created: float, p
 
 
 # -- the previous format: read once, migrated -------------------------------------------------------------------
-
-
-def _legacy_files(directory: Path) -> list[Path]:
-    try:
-        return [p for p in directory.iterdir() if _LEGACY_RECORD.fullmatch(p.name) or p.name == _LEGACY_INDEX]
-    except OSError:
-        return []
-
-
-def _migrate(conn: sqlite3.Connection, directory: Path) -> list[Path]:
-    """Copy a cache directory of the previous format into the new tables; return the files to remove."""
-    files = _legacy_files(directory)
-    if not files:
-        return []
-    index: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        loaded = json.loads((directory / _LEGACY_INDEX).read_text())
-        index = loaded if isinstance(loaded, dict) else {}
-    problems: dict[str, Any] = index["problems"] if isinstance(index.get("problems"), dict) else {}
-    farm_keys: dict[str, tuple[str, str]] = {}
-    for digest, pids in problems.items():
-        if isinstance(pids, dict):
-            for pid, sha in pids.items():
-                farm_keys[str(sha)] = (str(digest), str(pid))
-    fingerprints: dict[str, Any] = index["fingerprints"] if isinstance(index.get("fingerprints"), dict) else {}
-    for digest, text in fingerprints.items():
-        conn.execute("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", (str(digest), str(text)))
-    records = []
-    for path in list(files):
-        if path.name == _LEGACY_INDEX:
-            continue
-        try:
-            text = path.read_text()
-            record = DecisionRecord.from_json(text)
-            records.append((path.stat().st_mtime, path, record, text))
-        except (OSError, ValueError, CorruptRecord) as e:  # it would be a miss: it is left behind, not migrated
-            log.warning("not migrating %s: %s", path, e)
-            files.remove(path)
-    trials_dir = directory / _LEGACY_TRIALS
-    for _, path, record, text in sorted(records, key=lambda r: r[0]):
-        sha = path.name[:-5]
-        key = key_hash(record.cache_key)
-        if key.hex() != sha:
-            continue
-        owner, pid = (FARM, farm_keys[sha][1]) if sha in farm_keys else (APP, None)
-        _replace(conn, key, owner, record.created, pid, text)
-        trial_path = trials_dir / path.name
-        if owner == FARM:
-            with contextlib.suppress(OSError):
-                conn.execute("INSERT OR REPLACE INTO trials VALUES (?, ?)", (key, trial_path.read_text()))
-            conn.execute("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", (farm_keys[sha][0], pid, key))
-        if trial_path.is_file():
-            files.append(trial_path)
-    if trials_dir.is_dir():
-        files.append(trials_dir)  # removed last, and only when empty
-    return files

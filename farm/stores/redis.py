@@ -8,6 +8,7 @@ after a back-off, never an exception on the caller's path.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -267,6 +268,20 @@ class RedisDecisions:
         """The trial rows published with a decision ([] when none were)."""
         raw = self.client.hget(self.settings.trials_key(digest), field_for(cache_key))
         return list(json.loads(raw)) if raw else []
+
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        """The published records of ``problem_ids`` for this fingerprint (problem id -> record); unreadable ones are
+        left out."""
+        if not problem_ids:
+            return {}
+        fields = self.client.hmget(self.settings.problems_key(digest), problem_ids)
+        raws = self.client.hmget(self.settings.decisions_key(digest), [f or "-" for f in fields])
+        found: dict[str, DecisionRecord] = {}
+        for pid, field, raw in zip(problem_ids, fields, raws, strict=True):
+            if field and raw:
+                with contextlib.suppress(CorruptRecord):
+                    found[pid] = DecisionRecord.from_json(raw)
+        return found
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` already have a published decision for this fingerprint."""
