@@ -68,6 +68,7 @@ class Claims:
             t.lease, t.round = held[t.pid], rounds[t.pid]
             t.problem.tasks = [dataclasses.replace(task, run=t.round) for task in t.problem.tasks]
             t.problem.results.clear()
+            t.problem.sent.clear()  # nothing of an earlier claim is in flight for us any more: send again
             t.problem.confirmation = t.problem.confirmation_result = None
             t.sends.clear()
             t.lost.clear()
