@@ -87,10 +87,12 @@ FINGERPRINT = "8:backend16:device-class-text"
 
 
 def record(created: float = 100.0, verified: bool = True, name: str = "fast"):
-    from farm.identity import fields
+    from farm.identity import CacheKey, Candidate
+    from farm.policy import AccuracyKey, StackPolicy
     from farm.stores.base import DecisionRecord
 
-    key = fields(["farm-stack-key-v1", "operator", "op", FINGERPRINT, "w"])
+    key = CacheKey("operator", "op", FINGERPRINT, "w", "ctx", 0, (Candidate("ref"), Candidate("fast")),
+                   AccuracyKey.of(StackPolicy())).encode()
     return DecisionRecord(key, 1, 0, name, verified, 0.5, created, {"run": f"run-{created}"})
 
 
