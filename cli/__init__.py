@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -53,11 +54,15 @@ class _FarmGroup(click.Group):
             sys.exit(2)
 
 
-def _broker(required: bool = False, **kw: Any) -> Any:
+# What a click option decorates (the command's callback), kept precise so commands stay typed.
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _broker(required: bool = False, **kw: Any) -> Callable[[_Command], _Command]:
     return click.option("--broker", envvar="FARM_BROKER_URL", show_envvar=True, required=required, **kw)
 
 
-def _redis(required: bool = False, help: str = "Decisions/results Redis URL.") -> Any:
+def _redis(required: bool = False, help: str = "Decisions/results Redis URL.") -> Callable[[_Command], _Command]:
     return click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", show_envvar=True, required=required,
                         help=help)
 
@@ -133,7 +138,8 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             if from_fleet:
                 from farm_cli.feedback import from_fleet as tune_fleet_reports
 
-                return tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+                tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+                return
             assert cat is not None
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)

@@ -36,7 +36,8 @@ def confirmation_result(text: str) -> str:
 
 
 def metrics_key(settings: Settings) -> str:
-    return settings.key("metrics")
+    key: str = settings.key("metrics")
+    return key
 
 
 class RunMetrics:

@@ -107,7 +107,8 @@ class RunSummary:
 
     @property
     def trial_seconds(self) -> float:
-        return sum(a.trial_seconds for a in self.aggregates)
+        seconds: float = sum(a.trial_seconds for a in self.aggregates)
+        return seconds
 
     @property
     def published(self) -> int:

@@ -22,12 +22,16 @@ import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from types import CodeType
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
+
+if TYPE_CHECKING:  # types only: farm.adapter imports this module
+    from farm.adapter import Prepared
 
 Inputs = tuple[Any, ...]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,7 +72,7 @@ def code_text(fn: Callable[..., Any]) -> str:
     try:
         return inspect.getsource(target)
     except (OSError, TypeError):
-        code = getattr(target, "__code__", None)
+        code: CodeType | None = getattr(target, "__code__", None)
         if code is not None:
             return code.co_code.hex() + repr(code.co_consts)
         text = repr(target)
@@ -108,7 +112,7 @@ class TunableSet:
         self._impls: list[Implementation] = []
         self._reference: int | None = None
         self._checksum: str | None = None
-        self.prepared: dict[Hashable, Any] = {}
+        self.prepared: dict[Hashable, Prepared] = {}
         self.prepared_lock = threading.Lock()
         # The inverse of an operation's build (inputs -> workload spec), set by farm_kernels.Operation; the fleet
         # feedback reporter (farm.feedback) reports a missed workload with it. None: reported by signature only.

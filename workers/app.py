@@ -84,7 +84,7 @@ def create_app(settings: Settings | None = None) -> Celery:
             ctx = worker_context(settings)
             keys = [_key(m) for m in messages]
             ctx.results.started(keys, ctx.worker_id, presence.INCARNATION)
-            done = run_groups(messages, ctx)
+            done: list[dict[str, Any]] = run_groups(messages, ctx)
             if len(done) < len(messages) and isinstance(ctx.results, RedisResults):
                 ctx.results.unrun(keys[len(done):])
             return done

@@ -121,7 +121,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
     task = GroupTask.from_dict(message)
     existing = ctx.results.get(task.run, task.problem_id, task.group)
     if existing is not None:
-        return existing.to_dict()
+        body: dict[str, Any] = existing.to_dict()
+        return body
     if ctx.quarantined is not None:
         raise DeviceQuarantined(ctx.quarantined)
     attempt = ctx.results.attempt(task.run, task.problem_id, task.group)
@@ -130,7 +131,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
         failed = GroupResult.failed(
             task, f"gave up after {attempt - 1} attempts: the task kept killing its worker", provenance
         )
-        return ctx.results.put_if_absent(failed).to_dict()
+        body = ctx.results.put_if_absent(failed).to_dict()
+        return body
     try:
         with ctx.client.exclusive():  # one acquisition for the whole group; each trial re-enters it for free
             result = _trials(task, ctx, provenance)
@@ -143,7 +145,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
         result = GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
     except (ConfigError, ProtocolError, LookupError, ValueError, DeviceBusy) as e:
         result = GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
-    return ctx.results.put_if_absent(result).to_dict()
+    body = ctx.results.put_if_absent(result).to_dict()
+    return body
 
 
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
