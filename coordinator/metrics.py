@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm_fleet.settings import Settings
+
+if TYPE_CHECKING:  # types only
+    from farm_coordinator.aggregate import Aggregate
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,7 @@ class RunMetrics:
         if self.inner is not None:
             self.inner.started(run, problems, reused, trials)
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         counts = {outcome: 1}
         floats = {}
         if aggregate is not None:

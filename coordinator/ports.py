@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate
@@ -71,7 +71,7 @@ class ProgressHook(Protocol):
 
     def group_done(self, trials: int) -> None: ...
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None: ...
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None: ...
 
     def finished(self) -> None: ...
 
