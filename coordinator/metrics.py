@@ -153,7 +153,8 @@ def registry_for(settings: Settings) -> Any:
 
     assert settings.redis_url is not None
     client = connect(settings.redis_url, timeout=5.0)
-    broker = connect(settings.broker_url, timeout=5.0) if (settings.broker_url or "").startswith("redis") else None
+    broker_url = settings.broker_url or ""
+    broker = connect(broker_url, timeout=5.0) if broker_url.startswith("redis") else None
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FarmCollector(client, settings, broker))
     return registry

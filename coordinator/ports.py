@@ -152,7 +152,9 @@ class RunState(Protocol):
     sink: Sink
     console: Console
     queue: deque[tuple[GroupTask, str]]
-    claims: ClaimsView
+
+    @property
+    def claims(self) -> ClaimsView: ...  # read-only here: the run replaces its Claims, helpers only read
 
     def on_result(self, result: GroupResult, reused: bool = False) -> None: ...
 

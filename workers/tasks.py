@@ -172,7 +172,6 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     names = [c.name for c in candidates]
     positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
-    common = dict(cache_key=key, reference_index=0, names=tuple(names), provenance=provenance)
 
     def hit_time_limit() -> str | None:
         return "the group task hit its time limit" if runner.interrupted else None
@@ -182,12 +181,14 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
                        charge_reference=task.budget is None, stop=hit_time_limit)
     except ValidationUnavailable:
         return GroupResult(task.run, task.problem_id, task.group, STATUS_VALIDATION_UNAVAILABLE,
-                           trial_seconds=time.monotonic() - started, **common)
+                           trial_seconds=time.monotonic() - started, cache_key=key, reference_index=0,
+                           names=tuple(names), provenance=provenance)
     ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
         task.run, task.problem_id, task.group, STATUS_OK, reference_times=found.reference_times,
         outcomes=found.outcomes, trial_seconds=time.monotonic() - started, search_seconds=found.spent,
-        budget_exhausted=found.budget_exhausted, **common,
+        budget_exhausted=found.budget_exhausted, cache_key=key, reference_index=0, names=tuple(names),
+        provenance=provenance,
     )
 
 
