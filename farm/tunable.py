@@ -23,15 +23,12 @@ import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from types import CodeType
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
-
-if TYPE_CHECKING:  # types only: farm.adapter imports this module
-    from farm.adapter import Prepared
 
 Inputs = tuple[Any, ...]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,7 +109,7 @@ class TunableSet:
         self._impls: list[Implementation] = []
         self._reference: int | None = None
         self._checksum: str | None = None
-        self.prepared: dict[Hashable, Prepared] = {}
+        self.prepared: dict[Hashable, Any] = {}  # farm.adapter.Prepared by workload (it imports this module)
         self.prepared_lock = threading.Lock()
         # The inverse of an operation's build (inputs -> workload spec), set by farm_kernels.Operation; the fleet
         # feedback reporter (farm.feedback) reports a missed workload with it. None: reported by signature only.
