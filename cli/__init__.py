@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,6 +21,9 @@ from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS
 from farm_cli.logs import LEVELS, setup_logging
 from farm_cli.parts import _celery_parts, _embedded_parts, reachable
 from farm_fleet.settings import Settings
+
+if TYPE_CHECKING:  # types only
+    from farm_coordinator.ports import ProgressHook
 
 KERNELS_HELP = ("Import operations from this module (repeatable; it must be importable: installed, or on "
                 "PYTHONPATH). Also loaded: the farm.kernels entry points.")
@@ -53,11 +57,15 @@ class _FarmGroup(click.Group):
             sys.exit(2)
 
 
-def _broker(required: bool = False, **kw: Any) -> Any:
+# What a click option decorates (the command's callback), kept precise so commands stay typed.
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _broker(required: bool = False, **kw: Any) -> Callable[[_Command], _Command]:
     return click.option("--broker", envvar="FARM_BROKER_URL", show_envvar=True, required=required, **kw)
 
 
-def _redis(required: bool = False, help: str = "Decisions/results Redis URL.") -> Any:
+def _redis(required: bool = False, help: str = "Decisions/results Redis URL.") -> Callable[[_Command], _Command]:
     return click.option("--redis", "redis_url", envvar="FARM_REDIS_URL", show_envvar=True, required=required,
                         help=help)
 
@@ -115,7 +123,7 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
     setup_logging(loglevel, log_json)
     run_id = run_id or new_run_id()
     stderr = Console(stderr=True)
-    progress = TerminalProgress(stderr) if stderr.is_terminal and not log_json else LogProgress()
+    progress: ProgressHook = TerminalProgress(stderr) if stderr.is_terminal and not log_json else LogProgress()
     again = f"rerun `farm tune {catalog}` with the same options (add --run {run_id} to continue this run)"
     parts: dict[str, Any] = {}
     with errors(interrupted_hint=f"{again}: finished groups are reused and published decisions are kept"):
@@ -124,7 +132,7 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             _check(broker, redis_url)
             if catalog is None and not from_fleet:
                 raise click.UsageError("give a CATALOG (or --from-fleet)")
-            cat = None if from_fleet else load_catalog(catalog, kernels)
+            cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
             if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
                 from farm_coordinator.metrics import RunMetrics
@@ -133,7 +141,8 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             if from_fleet:
                 from farm_cli.feedback import from_fleet as tune_fleet_reports
 
-                return tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+                tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+                return
             assert cat is not None
             summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
                                timeout=timeout, progress=progress, **parts)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # types only
+    from farm_coordinator.aggregate import Aggregate
 
 log = logging.getLogger("farm.coordinator")
 
@@ -63,7 +66,7 @@ class LogProgress:
         self.counts.groups += 1
         self._maybe_log()
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
         self._maybe_log()
 
@@ -100,7 +103,7 @@ class TerminalProgress(LogProgress):
         self.counts.groups += 1
         self._refresh()
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
         self._refresh()
 

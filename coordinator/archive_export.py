@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
+from farm.errors import CorruptRecord
 from farm.identity import key_environment
 from farm.stores.archive import ArchiveEntry, ArchiveError, WrittenArchive, record_text, write_archive
-from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256
+from farm.stores.base import DecisionRecord, key_sha256
 from farm.stores.local import STORE_FILE, LocalStore
 from farm.stores.redis import RedisDecisions
 

@@ -88,7 +88,8 @@ def _redis_target(decisions: RedisDecisions, wanted: str | None) -> Callable[[Ar
             return archive.fingerprint
         if known is None:
             known = decisions.fingerprints()
-        return next(iter(select_fingerprints(known, wanted, "Redis").values()))
+        selected: dict[str, str] = select_fingerprints(known, wanted, "Redis")
+        return next(iter(selected.values()))
 
     return target
 

@@ -49,7 +49,8 @@ def workload_label(operation: str, spec: Any) -> str:
         registry.ensure_loaded()
     if operation in registry.names():
         with contextlib.suppress(Exception):
-            return registry.get(operation).label(spec)
+            label: str = registry.get(operation).label(spec)
+            return label
     # As Operation.label writes it: text values (dtype, layout choices) bare, after the sizes.
     sizes = [f"{k}={v}" for k, v in spec.items() if not isinstance(v, str)]
     return " ".join(sizes + [v for v in spec.values() if isinstance(v, str)])

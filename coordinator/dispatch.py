@@ -19,11 +19,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm_fleet.protocol import GROUP_TASK, GroupResult, GroupTask
 from farm_fleet.results import RedisResults
 from farm_fleet.settings import Settings
+
+if TYPE_CHECKING:  # types only
+    from celery import Celery
 
 Key = tuple[str, str, str]
 
@@ -73,7 +76,7 @@ class Flight:
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Any, results: RedisResults, settings: Settings, sweep: float = 1.0) -> None:
+    def __init__(self, app: Celery, results: RedisResults, settings: Settings, sweep: float = 1.0) -> None:
         self.app = app
         self.results = results
         self.settings = settings

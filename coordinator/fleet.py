@@ -33,7 +33,8 @@ class RedisFleet:
         return [Target(digest, texts.get(digest, digest), kind, tuple(ids)) for (digest, kind), ids in sorted(groups.items())]
 
     def queue(self, target: Target) -> str:
-        return self.settings.fingerprint_queue(target.digest)
+        queue: str = self.settings.fingerprint_queue(target.digest)
+        return queue
 
     def confirmer(self, target: Target, exclude: str | None) -> tuple[str, str, str] | None:
         """(worker id, its own queue, its incarnation) of another serving worker of the fingerprint."""

@@ -69,7 +69,8 @@ class Tracked:
 
     @property
     def pid(self) -> str:
-        return self.problem.problem_id
+        pid: str = self.problem.problem_id
+        return pid
 
 
 class Board:

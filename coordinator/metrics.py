@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm_fleet.settings import Settings
+
+if TYPE_CHECKING:  # types only
+    from farm_coordinator.aggregate import Aggregate
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,8 @@ def confirmation_result(text: str) -> str:
 
 
 def metrics_key(settings: Settings) -> str:
-    return settings.key("metrics")
+    key: str = settings.key("metrics")
+    return key
 
 
 class RunMetrics:
@@ -56,7 +60,7 @@ class RunMetrics:
         if self.inner is not None:
             self.inner.started(run, problems, reused, trials)
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None:
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         counts = {outcome: 1}
         floats = {}
         if aggregate is not None:
@@ -149,7 +153,8 @@ def registry_for(settings: Settings) -> Any:
 
     assert settings.redis_url is not None
     client = connect(settings.redis_url, timeout=5.0)
-    broker = connect(settings.broker_url, timeout=5.0) if (settings.broker_url or "").startswith("redis") else None
+    broker_url = settings.broker_url or ""
+    broker = connect(broker_url, timeout=5.0) if broker_url.startswith("redis") else None
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FarmCollector(client, settings, broker))
     return registry

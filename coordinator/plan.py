@@ -48,7 +48,8 @@ class Problem:
 
     def revision(self, name: str) -> str:
         """The revision of a candidate this problem's tasks name (KeyError for another name)."""
-        return dict(c for t in self.tasks for c in t.candidates)[name]
+        revisions: dict[str, str] = dict(c for t in self.tasks for c in t.candidates)
+        return revisions[name]
 
 
 def group_tasks(

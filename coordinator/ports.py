@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm.errors import FarmError
 from farm_coordinator.aggregate import Aggregate
@@ -71,7 +71,7 @@ class ProgressHook(Protocol):
 
     def group_done(self, trials: int) -> None: ...
 
-    def problem_done(self, outcome: str, aggregate: Any = None) -> None: ...
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None: ...
 
     def finished(self) -> None: ...
 
@@ -107,7 +107,8 @@ class RunSummary:
 
     @property
     def trial_seconds(self) -> float:
-        return sum(a.trial_seconds for a in self.aggregates)
+        seconds: float = sum(a.trial_seconds for a in self.aggregates)
+        return seconds
 
     @property
     def published(self) -> int:
@@ -151,7 +152,9 @@ class RunState(Protocol):
     sink: Sink
     console: Console
     queue: deque[tuple[GroupTask, str]]
-    claims: ClaimsView
+
+    @property
+    def claims(self) -> ClaimsView: ...  # read-only here: the run replaces its Claims, helpers only read
 
     def on_result(self, result: GroupResult, reused: bool = False) -> None: ...
 

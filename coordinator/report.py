@@ -98,7 +98,7 @@ def environment_summary(fingerprint: str) -> list[tuple[str, str]]:
 
 
 def _model(fingerprint: dict[str, Any]) -> str:
-    device = dict(fingerprint["environment"]).get("device", "")
+    device: str = dict(fingerprint["environment"]).get("device", "")
     text = device.split(": ", 1)[-1]
     pieces = [p.strip() for p in text.split(";")]
     # Host properties start with the machine architecture: the model is the next piece.

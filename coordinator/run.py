@@ -108,7 +108,7 @@ class _Run:
         self.to_decide: deque[str] = deque()  # problems whose groups are all back
         self.to_publish: deque[Aggregate] = deque()  # decided, publication not yet acknowledged by the store
         self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
-        self.batch_cap = settings.batch_limit(self.policy)
+        self.batch_cap: int = settings.batch_limit(self.policy)
         self.summary = RunSummary(run)
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
@@ -221,7 +221,7 @@ class _Run:
             return 1
         mean = max(sum(self.observed) / len(self.observed), 1e-6)
         by_cost = int(self.settings.batch_target_seconds / mean)
-        by_spread = len(self.queue) // (2 * max(1, self.summary.devices))
+        by_spread: int = len(self.queue) // (2 * max(1, self.summary.devices))
         return max(1, min(by_cost, by_spread, self.batch_cap))
 
     def _sendable(self, task: GroupTask) -> bool:

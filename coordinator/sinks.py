@@ -8,16 +8,16 @@ Both publish through their store's one publication function (``RedisDecisions.pu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from farm.stores.base import DecisionRecord
+from farm.stores.base import DecisionRecord, TrialRow
 from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions
 
 
 class Sink(Protocol):
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+                trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         """Publish under the replacement rule; with ``fence`` (lease key, value) only while that lease holds
         (Redis: atomically, consuming it). A refusal's reason starts with "refused"."""
         ...
@@ -36,7 +36,7 @@ class RedisSink:
         self.decisions = decisions
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+                trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         return self.decisions.publish(record, fingerprint, problem_id, trials, fence)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
@@ -56,7 +56,7 @@ class DirectorySink:
         self.store = LocalStore(self.directory, owner=FARM)
 
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
-                trials: list[dict[str, Any]], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+                trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         """``fence`` is not needed here: the embedded farm's leases live in this process (LocalLeases)."""
         return self.store.publish(record, fingerprint, problem_id, trials)
 

@@ -62,7 +62,8 @@ def _feedback(client: Any, settings: Settings) -> dict[str, Any]:
     """Fleet reports waiting for `farm tune --from-fleet` (coordinator/feedback.py), by operation and fingerprint."""
     from farm_coordinator.feedback import waiting
 
-    return waiting(client, settings)
+    reports: dict[str, Any] = waiting(client, settings)
+    return reports
 
 
 def render(status: dict[str, Any]) -> Group:

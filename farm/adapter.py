@@ -206,7 +206,7 @@ def stack_request(
 def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Prepared:
     """Build (and memoize on the set, bounded) the request for this workload on this client."""
     memo = (tuner, name, device_id, client, tunable.generate_key(inputs))  # not id(): ids are reused
-    found = tunable.prepared.get(memo)
+    found: Prepared | None = tunable.prepared.get(memo)
     if found is not None:
         return found
     problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)

@@ -22,6 +22,7 @@ import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
@@ -68,7 +69,7 @@ def code_text(fn: Callable[..., Any]) -> str:
     try:
         return inspect.getsource(target)
     except (OSError, TypeError):
-        code = getattr(target, "__code__", None)
+        code: CodeType | None = getattr(target, "__code__", None)
         if code is not None:
             return code.co_code.hex() + repr(code.co_consts)
         text = repr(target)
@@ -108,7 +109,7 @@ class TunableSet:
         self._impls: list[Implementation] = []
         self._reference: int | None = None
         self._checksum: str | None = None
-        self.prepared: dict[Hashable, Any] = {}
+        self.prepared: dict[Hashable, Any] = {}  # farm.adapter.Prepared by workload (it imports this module)
         self.prepared_lock = threading.Lock()
         # The inverse of an operation's build (inputs -> workload spec), set by farm_kernels.Operation; the fleet
         # feedback reporter (farm.feedback) reports a missed workload with it. None: reported by signature only.

@@ -14,7 +14,7 @@ import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from farm.errors import ProtocolError
 from farm.identity import fields
@@ -47,12 +47,16 @@ def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     return value
 
 
-def _malformed(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+_Owner = TypeVar("_Owner")  # the class a from_dict builds
+_Parsed = TypeVar("_Parsed")  # what it returns
+
+
+def _malformed(what: str) -> Callable[[Callable[[_Owner, Any], _Parsed]], Callable[[_Owner, Any], _Parsed]]:
     """A ``from_dict`` whose every failure on a malformed message is a ProtocolError (found by tests/test_fuzz.py)."""
 
-    def wrap(parse: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(parse: Callable[[_Owner, Any], _Parsed]) -> Callable[[_Owner, Any], _Parsed]:
         @functools.wraps(parse)
-        def checked(cls: Any, data: Any) -> Any:
+        def checked(cls: _Owner, data: Any) -> _Parsed:
             try:
                 return parse(cls, data)
             except ProtocolError:

@@ -62,7 +62,8 @@ def cuda_tolerance(x: Any, bias: Any) -> Tolerance:
 
 def unfused(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     y = x + bias
-    return 0.5 * y * (1.0 + np.tanh(SQRT_2_OVER_PI * (y + CUBIC * y * y * y)))
+    result: np.ndarray = 0.5 * y * (1.0 + np.tanh(SQRT_2_OVER_PI * (y + CUBIC * y * y * y)))
+    return result
 
 
 def gelu_into(y: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -87,7 +88,7 @@ def fused_inplace(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
 def fused_sigmoid(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     # y (1 + tanh z) / 2 = y / (1 + exp(-2z)), z = sqrt(2/pi) y (1 + 0.044715 y^2): one exp replaces a tanh.
     y = np.add(x, bias)
-    t = np.multiply(y, y)
+    t: np.ndarray = np.multiply(y, y)
     t *= -2.0 * SQRT_2_OVER_PI * CUBIC
     t -= 2.0 * SQRT_2_OVER_PI
     t *= y
@@ -212,7 +213,8 @@ def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> t
 
 
 def elements(spec: Mapping[str, Any]) -> int:
-    return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    result: int = spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    return result
 
 
 def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:

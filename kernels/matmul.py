@@ -68,23 +68,27 @@ def cuda_tolerance(a: Any, b: Any) -> Tolerance:
 
 
 def numpy_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.matmul(a, b)
+    result: np.ndarray = np.matmul(a, b)
+    return result
 
 
 def numpy_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # np.dot skips the gufunc machinery of np.matmul: less fixed cost, which dominates tiny products.
-    return np.dot(a, b)
+    result: np.ndarray = np.dot(a, b)
+    return result
 
 
 def transposed_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # (B^T A^T)^T: an F-ordered A becomes a C-ordered A^T, so BLAS gets the layout it prefers without a copy.
     # The result is the transposed view of a fresh array: same values, Fortran order.
-    return np.matmul(b.T, a.T).T
+    result: np.ndarray = np.matmul(b.T, a.T).T
+    return result
 
 
 def contiguous_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # Copy strided operands once so BLAS runs on packed rows.
-    return np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    result: np.ndarray = np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return result
 
 
 def tensordot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -92,7 +96,8 @@ def tensordot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def einsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.einsum("ik,kj->ij", a, b, optimize=True)
+    result: np.ndarray = np.einsum("ik,kj->ij", a, b, optimize=True)
+    return result
 
 
 def row_panels(height: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -198,7 +203,8 @@ def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> t
 def elements(spec: Mapping[str, Any]) -> int:
     # A strided operand's base array is twice as wide.
     factor = 2 if spec["layout"] == "strided" else 1
-    return max(spec["m"] * spec["k"] * factor, spec["k"] * spec["n"] * factor, spec["m"] * spec["n"])
+    result: int = max(spec["m"] * spec["k"] * factor, spec["k"] * spec["n"] * factor, spec["m"] * spec["n"])
+    return result
 
 
 _MATMUL_LAYOUTS = {

@@ -143,7 +143,7 @@ class Operation:
     elements: Callable[[Mapping[str, Any]], int] | None = None
     max_elements: int = MAX_ELEMENTS
     description: str = ""
-    spec_of: Callable[[Sequence[Any]], Mapping[str, Any] | None] | None = None
+    spec_of: Callable[[tuple[Any, ...]], Mapping[str, Any] | None] | None = None
     _all_fields: tuple[SpecField, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -62,12 +62,14 @@ def cuda_tolerance(a: Any, axis: int) -> Tolerance:
 
 
 def numpy_sum(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.sum(a, axis=axis)
+    result: np.ndarray = np.sum(a, axis=axis)
+    return result
 
 
 def add_reduce(a: np.ndarray, axis: int) -> np.ndarray:
     # The ufunc reduction itself: np.sum's dispatch wrapper costs microseconds on small arrays.
-    return np.add.reduce(a, axis=axis)
+    result: np.ndarray = np.add.reduce(a, axis=axis)
+    return result
 
 
 def matvec_ones(a: np.ndarray, axis: int) -> np.ndarray:
@@ -77,11 +79,13 @@ def matvec_ones(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def einsum(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.einsum("ij->i" if axis == 1 else "ij->j", a)
+    result: np.ndarray = np.einsum("ij->i" if axis == 1 else "ij->j", a)
+    return result
 
 
 def float64_accumulate(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.add.reduce(a, axis=axis, dtype=np.float64).astype(a.dtype)
+    result: np.ndarray = np.add.reduce(a, axis=axis, dtype=np.float64).astype(a.dtype)
+    return result
 
 
 def pairwise_halving(a: np.ndarray, axis: int) -> np.ndarray:
@@ -93,7 +97,8 @@ def pairwise_halving(a: np.ndarray, axis: int) -> np.ndarray:
         if x.shape[0] % 2:
             level[0] += x[-1]
         x = level
-    return x[0].copy()  # a fresh array even when the axis has length one (x[0] is then a view of a)
+    result: np.ndarray = x[0].copy()  # a fresh array even when the axis has length one (x[0] is then a view of a)
+    return result
 
 
 def chunked(a: np.ndarray, axis: int) -> np.ndarray:
@@ -106,7 +111,8 @@ def chunked(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def cumsum_last(a: np.ndarray, axis: int) -> np.ndarray:
-    return np.cumsum(a, axis=axis).take(-1, axis=axis)
+    result: np.ndarray = np.cumsum(a, axis=axis).take(-1, axis=axis)
+    return result
 
 
 def host_tunable() -> TunableSet:
@@ -180,7 +186,8 @@ def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> t
 
 
 def elements(spec: Mapping[str, Any]) -> int:
-    return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    result: int = spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    return result
 
 
 def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:

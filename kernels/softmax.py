@@ -54,12 +54,13 @@ def tolerance(x: Any) -> Tolerance:
 
 def three_pass(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    result: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return result
 
 
 def inplace(x: np.ndarray) -> np.ndarray:
     # One output buffer for all three passes: no exp temporary, no separate quotient.
-    out = np.subtract(x, x.max(axis=-1, keepdims=True))
+    out: np.ndarray = np.subtract(x, x.max(axis=-1, keepdims=True))
     np.exp(out, out=out)
     out /= out.sum(axis=-1, keepdims=True)
     return out
@@ -67,7 +68,7 @@ def inplace(x: np.ndarray) -> np.ndarray:
 
 def inplace_reciprocal(x: np.ndarray) -> np.ndarray:
     # A multiply by rows-many reciprocals is cheaper than rows * cols divisions.
-    out = np.subtract(x, np.max(x, axis=-1, keepdims=True))
+    out: np.ndarray = np.subtract(x, np.max(x, axis=-1, keepdims=True))
     np.exp(out, out=out)
     sums = np.add.reduce(out, axis=-1, keepdims=True)
     np.reciprocal(sums, out=sums)
@@ -77,7 +78,7 @@ def inplace_reciprocal(x: np.ndarray) -> np.ndarray:
 
 def matvec_sum(x: np.ndarray) -> np.ndarray:
     # Row sums as a BLAS matrix-vector product: multithreaded and vectorized, where np.sum of short rows is not.
-    out = np.subtract(x, x.max(axis=-1, keepdims=True))
+    out: np.ndarray = np.subtract(x, x.max(axis=-1, keepdims=True))
     np.exp(out, out=out)
     sums = out @ np.ones(out.shape[-1], dtype=out.dtype)
     out /= sums[:, None]
@@ -96,7 +97,7 @@ def online(x: np.ndarray) -> np.ndarray:
         total *= np.exp(top - new)
         total += np.exp(block - new).sum(axis=1, keepdims=True)
         top = new
-    out = np.subtract(x, top)
+    out: np.ndarray = np.subtract(x, top)
     np.exp(out, out=out)
     out /= total
     return out
@@ -187,7 +188,8 @@ def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> t
 
 
 def elements(spec: Mapping[str, Any]) -> int:
-    return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    result: int = spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    return result
 
 
 def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:

@@ -176,7 +176,8 @@ def make_inputs(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> t
 
 
 def elements(spec: Mapping[str, Any]) -> int:
-    return spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    result: int = spec["rows"] * spec["cols"] * (2 if spec["layout"] == "strided" else 1)
+    return result
 
 
 def spec_of(inputs: tuple[Any, ...]) -> dict[str, Any] | None:

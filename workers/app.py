@@ -69,13 +69,14 @@ def worker_context(settings: Settings) -> WorkerContext:
 
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
+    app_settings: Settings = settings  # for the task class below (mypy keeps no narrowing into a class body)
     app = Celery("farm", set_as_current=False)
     app.conf.update(celery_config(settings))
     app.conf.farm_settings = settings
 
     class GroupsTask(Task):
         def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-            _record_failure(settings, args, exc)
+            _record_failure(app_settings, args, exc)
 
     # shared=False: each app keeps its own tasks (a second create_app() must not reuse the first one's settings).
     @app.task(name=GROUP_TASK, bind=True, shared=False, base=GroupsTask, ignore_result=True)
@@ -84,7 +85,7 @@ def create_app(settings: Settings | None = None) -> Celery:
             ctx = worker_context(settings)
             keys = [_key(m) for m in messages]
             ctx.results.started(keys, ctx.worker_id, presence.INCARNATION)
-            done = run_groups(messages, ctx)
+            done: list[dict[str, Any]] = run_groups(messages, ctx)
             if len(done) < len(messages) and isinstance(ctx.results, RedisResults):
                 ctx.results.unrun(keys[len(done):])
             return done

@@ -121,7 +121,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
     task = GroupTask.from_dict(message)
     existing = ctx.results.get(task.run, task.problem_id, task.group)
     if existing is not None:
-        return existing.to_dict()
+        body: dict[str, Any] = existing.to_dict()
+        return body
     if ctx.quarantined is not None:
         raise DeviceQuarantined(ctx.quarantined)
     attempt = ctx.results.attempt(task.run, task.problem_id, task.group)
@@ -130,7 +131,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
         failed = GroupResult.failed(
             task, f"gave up after {attempt - 1} attempts: the task kept killing its worker", provenance
         )
-        return ctx.results.put_if_absent(failed).to_dict()
+        body = ctx.results.put_if_absent(failed).to_dict()
+        return body
     try:
         with ctx.client.exclusive():  # one acquisition for the whole group; each trial re-enters it for free
             result = _trials(task, ctx, provenance)
@@ -143,7 +145,8 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
         result = GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
     except (ConfigError, ProtocolError, LookupError, ValueError, DeviceBusy) as e:
         result = GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
-    return ctx.results.put_if_absent(result).to_dict()
+    body = ctx.results.put_if_absent(result).to_dict()
+    return body
 
 
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
@@ -169,7 +172,6 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     names = [c.name for c in candidates]
     positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
-    common = dict(cache_key=key, reference_index=0, names=tuple(names), provenance=provenance)
 
     def hit_time_limit() -> str | None:
         return "the group task hit its time limit" if runner.interrupted else None
@@ -179,12 +181,14 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
                        charge_reference=task.budget is None, stop=hit_time_limit)
     except ValidationUnavailable:
         return GroupResult(task.run, task.problem_id, task.group, STATUS_VALIDATION_UNAVAILABLE,
-                           trial_seconds=time.monotonic() - started, **common)
+                           trial_seconds=time.monotonic() - started, cache_key=key, reference_index=0,
+                           names=tuple(names), provenance=provenance)
     ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
         task.run, task.problem_id, task.group, STATUS_OK, reference_times=found.reference_times,
         outcomes=found.outcomes, trial_seconds=time.monotonic() - started, search_seconds=found.spent,
-        budget_exhausted=found.budget_exhausted, **common,
+        budget_exhausted=found.budget_exhausted, cache_key=key, reference_index=0, names=tuple(names),
+        provenance=provenance,
     )
 
 

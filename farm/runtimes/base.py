@@ -11,9 +11,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from farm.errors import DeviceBusy, TuneFailure
+
+T = TypeVar("T")  # what a profiled callable returns
 
 
 class ComputeClient(Protocol):
@@ -33,7 +35,9 @@ class ComputeClient(Protocol):
 
     def activate(self) -> AbstractContextManager[None]: ...
 
-    def profile(self, fn: Callable[[], Any]) -> tuple[Any, float]: ...
+    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """``fn()`` and the seconds it took on this device."""
+        ...
 
     def properties_fingerprint(self) -> str: ...
 

@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any
 
 from farm.errors import TuneFailure
-from farm.runtimes.base import DeviceLock
+from farm.runtimes.base import DeviceLock, T
 
 INSTALL_HINT = "install CuPy for your CUDA version, e.g. pip install 'tuning-farm[cuda]' (cupy-cuda12x)"
 
@@ -82,7 +82,7 @@ class CudaClient:
         with self.device, self.stream:
             yield
 
-    def profile(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
         cuda = self._cupy.cuda
         with self.device, self.stream:
             start, end = cuda.Event(), cuda.Event()

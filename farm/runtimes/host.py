@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from farm.runtimes.base import DeviceLock
+from farm.runtimes.base import DeviceLock, T
 
 # Every variable a numeric library reads for its pool size at start-up (OpenMP, OpenBLAS, MKL, BLIS, Accelerate,
 # numexpr): set before the library loads, they size its pool; threadpoolctl resizes the pools already loaded.
@@ -52,7 +52,7 @@ class HostClient:
     def activate(self) -> Iterator[None]:
         yield
 
-    def profile(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
         start = time.process_time()
         out = fn()
         return out, time.process_time() - start

@@ -7,7 +7,10 @@ modules: ``from farm.stores.archive import ArchiveStore``.
 
 from pathlib import Path
 
-from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, DecisionStore
+from farm.errors import CorruptRecord as CorruptRecord
+from farm.stores.base import SCHEMA_VERSION as SCHEMA_VERSION
+from farm.stores.base import DecisionRecord as DecisionRecord
+from farm.stores.base import DecisionStore
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 

@@ -13,6 +13,10 @@ from farm.errors import CorruptRecord
 
 SCHEMA_VERSION = 1
 
+# One trial row of a decision (a timing pair or a verdict, with its provenance): a flat JSON object, its fields
+# listed by farm.stores.archive.schema.TRIAL_TYPES.
+TrialRow = dict[str, str | int | float | bool | None]
+
 
 @dataclass(frozen=True)
 class DecisionRecord:

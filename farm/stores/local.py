@@ -30,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.stores.base import CorruptRecord, DecisionRecord, Publication, key_hash, replaces
-from farm.stores.migrate import APP, FARM, legacy_files, migrate, replace_row
+from farm.errors import CorruptRecord
+from farm.stores.base import DecisionRecord, Publication, key_hash, replaces
+from farm.stores.migrate import APP as APP
+from farm.stores.migrate import FARM as FARM
+from farm.stores.migrate import legacy_files, migrate, replace_row
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from farm.stores.base import CorruptRecord, DecisionRecord, key_hash
+from farm.errors import CorruptRecord
+from farm.stores.base import DecisionRecord, key_hash
 
 log = logging.getLogger("farm.stores.local")
 

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
+from farm.errors import CorruptRecord
 from farm.identity import key_environment
-from farm.stores.base import CorruptRecord, DecisionRecord, Publication, key_sha256
+from farm.stores.base import DecisionRecord, Publication, key_sha256
 
 log = logging.getLogger(__name__)
 FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()

@@ -60,12 +60,16 @@ class KernelResources:
     max_threads: int | None  # from __launch_bounds__, None without
 
 
+# A section header as kernels() keeps it: (name, type, offset, size, link, info, entsize).
+Section = tuple[int, int, int, int, int, int, int]
+
+
 def architecture(cubin: bytes) -> int:
     """The SM version a cubin is for (80, 90). CUDA 13's ELF ABI (OS ABI 0x41) keeps it in bits 8-15 of
     ``e_flags``; older cubins (OS ABI 0x33) in the low byte."""
     if cubin[:4] != b"\x7fELF":
         raise CubinError("not an ELF file (a cubin is one)")
-    (flags,) = struct.unpack_from("<I", cubin, 0x30)
+    flags: int = struct.unpack_from("<I", cubin, 0x30)[0]
     return (flags >> 8) & 0xFF if cubin[7] == 0x41 else flags & 0xFF
 
 
@@ -75,7 +79,7 @@ def kernels(cubin: bytes) -> dict[str, KernelResources]:
         raise CubinError("not a 64-bit ELF file (a cubin is one)")
     (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    sections = []
+    sections: list[Section] = []
     for i in range(shnum):
         name, kind, _flags, _addr, offset, size, link, info, _align, entsize = struct.unpack_from(
             "<IIQQQQIIQQ", cubin, shoff + i * shentsize
@@ -114,7 +118,7 @@ def kernels(cubin: bytes) -> dict[str, KernelResources]:
     return found
 
 
-def _symbols(cubin: bytes, by_name: dict, sections: list, cstr: Callable[[int], str]) -> dict[int, str]:
+def _symbols(cubin: bytes, by_name: dict[str, Section], sections: list[Section], cstr: Callable[[int], str]) -> dict[int, str]:
     """Symbol index -> name of the function symbols (the entry points and device functions)."""
     table = by_name.get(".symtab")
     if table is None:
@@ -129,7 +133,7 @@ def _symbols(cubin: bytes, by_name: dict, sections: list, cstr: Callable[[int], 
     return out
 
 
-def _records(cubin: bytes, section: tuple | None) -> list[tuple[int, bytes]]:
+def _records(cubin: bytes, section: Section | None) -> list[tuple[int, bytes]]:
     """The (attribute, payload) records of an ``.nv.info`` section."""
     if section is None:
         return []
@@ -156,7 +160,7 @@ def _records(cubin: bytes, section: tuple | None) -> list[tuple[int, bytes]]:
     return records
 
 
-def _info_pairs(cubin: bytes, section: tuple | None, attribute: int) -> list[tuple[int, int]]:
+def _info_pairs(cubin: bytes, section: Section | None, attribute: int) -> list[tuple[int, int]]:
     """(symbol index, value) of the ``attribute`` records of the global ``.nv.info`` section."""
     return [struct.unpack("<II", data) for attr, data in _records(cubin, section) if attr == attribute and len(data) == 8]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from farm.stores.archive.schema import KEY_PARTS, ArchiveError, _short
+from farm.errors import ArchiveError
+from farm.stores.archive.schema import KEY_PARTS, _short
 
 
 def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | None:

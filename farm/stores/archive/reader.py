@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.stores.archive.checks import check_decision_ranges, check_key_parts, check_keys
+from farm.errors import CorruptRecord
+from farm.stores.archive.checks import check_decision_ranges, check_key_parts
+from farm.stores.archive.checks import check_keys as check_keys
 from farm.stores.archive.schema import (
     ARCHIVE_SCHEMA_VERSION,
     DATA_FILES,
@@ -45,7 +47,7 @@ from farm.stores.archive.schema import (
     derived_scalars,
     record_text,
 )
-from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256
+from farm.stores.base import DecisionRecord, key_sha256
 
 READ_BATCH_ROWS = 8192
 MAX_MANIFEST_BYTES = 1 << 20

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.errors import ArchiveError
+from farm.errors import ArchiveError as ArchiveError
 from farm.identity import KEY_VERSION, CacheKey, OperationKey, decode_manifest, manifest
 from farm.stores.base import DecisionRecord, canonical_json, key_sha256
 

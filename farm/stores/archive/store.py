@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.environment import fingerprint_digest
-from farm.errors import TuneFailure
+from farm.errors import ArchiveError, CorruptRecord, TuneFailure
 from farm.identity import key_environment
 from farm.stores.archive.reader import (
     archive_folders,
@@ -19,8 +19,8 @@ from farm.stores.archive.reader import (
     read_manifest,
     verified_bytes,
 )
-from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE, ArchiveError
-from farm.stores.base import CorruptRecord, DecisionRecord, key_sha256, replaces
+from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE
+from farm.stores.base import DecisionRecord, key_sha256, replaces
 
 log = logging.getLogger(__name__)
 
