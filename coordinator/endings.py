@@ -6,10 +6,11 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from farm.errors import StoreUnavailable
 from farm_coordinator.aggregate import unconfirmed
 from farm_coordinator.machine import ACTIVE, State
-from farm_coordinator.ports import RunInterrupted
-from farm_fleet.results import StoreUnavailable, transient
+from farm_coordinator.ports import run_interrupted
+from farm_fleet.results import transient
 
 if TYPE_CHECKING:
     from farm_coordinator.ports import RunState
@@ -50,4 +51,4 @@ def interrupt(run: RunState) -> None:
         if t.lease is not None:
             quietly(functools.partial(run.leases.release, t.pid, t.lease))
     quietly(lambda: run.runlog.update(run.run, run.groups_done, run.summary.published, state="interrupted"))
-    raise RunInterrupted(run.summary, remaining)
+    raise run_interrupted(run.summary, remaining)

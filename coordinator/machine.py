@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from farm.errors import IllegalTransition
 from farm_coordinator.plan import Problem
 
 
@@ -48,10 +49,6 @@ ALLOWED: dict[State, frozenset[State]] = {
     State.PUBLISHED: frozenset(),
     State.FAILED: frozenset(),
 }
-
-
-class IllegalTransition(RuntimeError):
-    """Raised when an event would move a problem along a transition the machine does not allow (a bug)."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from farm.errors import FarmError
+from farm.errors import RunInterrupted
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.plan import Problem, Target
 from farm_fleet.protocol import GroupResult, GroupTask
@@ -115,15 +115,12 @@ class RunSummary:
         return sum(1 for a in self.aggregates if a.record is not None)
 
 
-class RunInterrupted(FarmError):
-    """Raised when a run is interrupted (Ctrl-C): its queued tasks were revoked and its leases released."""
-
-    exit_code = 130
-
-    def __init__(self, summary: RunSummary, remaining: int) -> None:
-        super().__init__(f"run {summary.run} interrupted with {remaining} problems unfinished; run the same "
-                         f"command again to resume (finished groups are reused, published problems skipped)")
-        self.summary = summary
+def run_interrupted(summary: RunSummary, remaining: int) -> RunInterrupted:
+    """The error a run raises on Ctrl-C, carrying its summary so far."""
+    error = RunInterrupted(f"run {summary.run} interrupted with {remaining} problems unfinished; run the same "
+                           f"command again to resume (finished groups are reused, published problems skipped)")
+    error.summary = summary
+    return error
 
 
 class ClaimsView(Protocol):

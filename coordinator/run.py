@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from farm.errors import FarmError
+from farm.errors import FarmError, RunInterrupted, StoreUnavailable
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
 from farm_coordinator.claims import Claims
@@ -33,14 +33,13 @@ from farm_coordinator.ports import (
     ProgressHook,
     Results,
     RunEvent,
-    RunInterrupted,
     RunLog,
     RunSummary,
 )
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.sinks import Sink
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
-from farm_fleet.results import StoreUnavailable, transient
+from farm_fleet.results import transient
 from farm_fleet.settings import Settings
 
 __all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]

@@ -181,3 +181,20 @@ class NvrtcError(CudaToolError, RuntimeError):
 
 class CubinError(CudaToolError, ValueError):
     """Raised when bytes are not a cubin the reader understands."""
+
+
+class StoreUnavailable(FarmError):
+    """Raised when the decisions/results Redis stayed unreachable for the whole retry budget."""
+
+
+class IllegalTransition(FarmError, RuntimeError):
+    """Raised when an event would move a problem along a transition the coordinator's machine does not allow (a
+    bug)."""
+
+
+class RunInterrupted(FarmError):
+    """Raised when a tuning run is interrupted (Ctrl-C) after its queued tasks were revoked and its leases
+    released; ``summary`` is the run's summary so far (None after a round trip through JSON)."""
+
+    exit_code = 130
+    summary: Any = None

@@ -18,17 +18,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from farm.errors import FarmError
+from farm.errors import StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str, str]
 T = TypeVar("T")
-
-
-class StoreUnavailable(FarmError):
-    """Raised when the decisions/results Redis stayed unreachable for the whole retry budget."""
 
 
 def transient(error: BaseException) -> bool:

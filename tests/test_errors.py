@@ -19,9 +19,12 @@ from farm.errors import (
     DeviceQuarantined,
     FailureKind,
     FarmError,
+    IllegalTransition,
     NvrtcError,
     NvrtcUnavailable,
     ProtocolError,
+    RunInterrupted,
+    StoreUnavailable,
     TuneFailure,
     ValidationUnavailable,
     error_from_dict,
@@ -41,6 +44,9 @@ EXAMPLES = [
     NvrtcUnavailable("libnvrtc.so.12 not found"),
     NvrtcError("softmax.cu(3): error: expected a ;"),
     CubinError("not an ELF file"),
+    StoreUnavailable("the results Redis unreachable for 20s"),
+    IllegalTransition("problem p1: published -> running"),
+    RunInterrupted("run r1 interrupted with 3 problems unfinished"),
 ]
 
 

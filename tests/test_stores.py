@@ -224,13 +224,13 @@ def test_an_application_with_capacity_3_keeps_every_record_the_farm_published(tm
 def test_a_failed_write_keeps_the_old_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     local = LocalStore(tmp_path, 8)
     local.put(record("k", name="old"))
-    real = local_module._replace
+    real = local_module.replace_row
 
     def half_then_fail(conn: Any, *args: Any) -> None:
         real(conn, *args)
         raise OSError("disk full")
 
-    monkeypatch.setattr(local_module, "_replace", half_then_fail)
+    monkeypatch.setattr(local_module, "replace_row", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
         local.put(record("k", name="new", index=2))
     monkeypatch.undo()

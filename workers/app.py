@@ -23,11 +23,12 @@ from typing import Any
 from celery import Celery, Task, signals
 from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExceeded
 
+from farm.errors import StoreUnavailable
 from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
 from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupResult, GroupTask, ProtocolError
-from farm_fleet.results import RedisResults, StoreUnavailable
+from farm_fleet.results import RedisResults
 from farm_fleet.settings import Settings
 from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
 
