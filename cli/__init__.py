@@ -208,8 +208,8 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
 
             parse_cores(cores, int(device[4:]), os.sched_getaffinity(0))
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
-        reachable(settings)
-        sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores))
+        sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores,
+                            check_servers=lambda: reachable(settings)))
 
 
 @main.command(epilog=ENVIRONMENT)

@@ -129,8 +129,8 @@ def test_a_clean_install_runs_a_worker_flower_and_a_tune_against_a_real_redis(in
     flower_log = tmp_path / "flower.log"
     with open(flower_log, "wb") as out:
         flower = subprocess.Popen([installed.bin("farm"), "flower", "--broker", broker, "--address", "127.0.0.1",
-                                   "--port", str(port), "--basic-auth", auth], stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                  env={**env, "FARM_FLOWER_BASIC_AUTH": auth}, cwd=tmp_path, start_new_session=True)
     try:
         wait_worker_ready(worker, redis_db, "farm")
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from farm.environment import farm_version, runtime_environment
@@ -130,8 +130,10 @@ def probe_here(device: str) -> dict[str, Any]:
 
 
 def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), loglevel: str = "INFO",
-               cores: str | None = None) -> int:
-    """Run the worker until it is stopped; return its exit code. ``cores``: see :func:`parse_cores`."""
+               cores: str | None = None, check_servers: Callable[[], None] | None = None) -> int:
+    """Run the worker until it is stopped; return its exit code. ``cores``: see :func:`parse_cores`.
+    ``check_servers`` runs once the device is known to be usable, before any server is used (the CLI's one-line
+    "cannot reach" errors): a bad device is reported before an unreachable server."""
     if not settings.broker_url or not settings.redis_url:
         raise ConfigError("farm worker", "--broker/--redis", None, "both the broker URL and the Redis URL are required")
     from farm_kernels import registry
@@ -143,6 +145,8 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     os.environ["FARM_BROKER_URL"] = settings.broker_url
     os.environ["FARM_REDIS_URL"] = settings.redis_url
     identity = probe(pinned)
+    if check_servers is not None:
+        check_servers()
     regime = identity["regime"]
     log.info("worker %s on cores %s: %s", device, format_cpus(owned) if owned else "unpinned",
              host_regime().text())
