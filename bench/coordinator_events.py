@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rich.console import Console  # noqa: E402
 
-from farm.runtimes.base import client_for  # noqa: E402
+from farm.runtimes import client_for  # noqa: E402
 from farm.stores.base import DecisionRecord  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_coordinator.dispatch import LocalDispatcher  # noqa: E402
