@@ -132,6 +132,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             _check(broker, redis_url)
             if catalog is None and not from_fleet:
                 raise click.UsageError("give a CATALOG (or --from-fleet)")
+            if from_fleet and not broker:
+                raise click.UsageError("--from-fleet tunes for the fleet: give --broker and --redis (or FARM_BROKER_URL "
+                                       "and FARM_REDIS_URL)")
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
             if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
@@ -236,6 +239,26 @@ def status(redis_url: str, broker: str | None, as_json: bool) -> None:
         click.echo(json.dumps(numbers(data), indent=1, sort_keys=True))
     else:
         _console().print(render(data))
+
+
+@main.command(epilog=ENVIRONMENT)
+@_redis(required=True)
+@click.argument("problem_id")
+@click.argument("candidate", required=False)
+def unban(redis_url: str, problem_id: str, candidate: str | None) -> None:
+    """Lift the fleet's ban of CANDIDATE (default: every banned candidate) for PROBLEM_ID (`farm status` lists
+    them): later runs of the problem may try and choose it again."""
+    from farm.stores.redis import connect
+    from farm_coordinator.bans import RedisBans
+
+    with errors():
+        settings = Settings.from_env(redis_url=redis_url)
+        client = connect(redis_url, timeout=5.0)
+        bans = RedisBans(client, settings)
+        lifted = sum(bans.lift(str(digest), problem_id, candidate) for digest in client.hkeys(settings.fingerprints_key))
+        if not lifted:
+            raise FarmError(f"no ban of {candidate or 'any candidate'} for problem {problem_id} (see `farm status`)")
+    click.echo(f"{lifted} ban(s) lifted for problem {problem_id}")
 
 
 NUMERIC = {"pid": int, "updated": float, "started": float, "groups": int, "done": int, "published": int}

@@ -40,6 +40,7 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
     from celery import Celery
 
     from farm.stores.redis import RedisDecisions, connect
+    from farm_coordinator.bans import RedisBans
     from farm_coordinator.dispatch import CeleryDispatcher
     from farm_coordinator.fleet import RedisFleet
     from farm_coordinator.leases import RedisLeases
@@ -62,6 +63,7 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
         "leases": RedisLeases(client, settings),
         "results": results,
         "runlog": RedisRunLog(client, settings),
+        "bans": RedisBans(client, settings),
     }
 
 

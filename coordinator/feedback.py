@@ -4,7 +4,9 @@
 kind, normalized spec), ranks the problems by distinct hosts, then reports, then the oldest report first, tunes
 each fingerprint's problems on the workers of that fingerprint with the usual rules, and deletes the reports it
 covered (XDEL by id). A regression report makes the farm re-measure its problem with ``force`` and publish the new
-verdict, which replaces the old record. Reports the farm cannot tune (no workload spec, an unknown operation, an
+verdict, which replaces the old record; when the re-measure finds the old winner (the fleet's record for the
+reported cache key) failing or slower than ``regression_ratio`` on the farm too, that candidate is banned for the
+problem (``coordinator/bans.py``), so no later run publishes it again for that key. Reports the farm cannot tune (no workload spec, an unknown operation, an
 invalid spec) stay in the stream, counted, for ``farm status`` to show; so do those of a fingerprint no live
 worker has.
 """
@@ -20,6 +22,8 @@ from typing import Any
 from farm.errors import ConfigError, FarmError
 from farm.feedback import stream_key
 from farm.policy import StackPolicy
+from farm.stores.redis import RedisDecisions
+from farm_coordinator.bans import RedisBans, new_ban, regressed_there_too
 from farm_coordinator.catalog import Catalog, Workload
 from farm_fleet.protocol import canonical_json
 from farm_fleet.settings import Settings
@@ -42,6 +46,7 @@ class FleetReport:
     host: str
     time: float
     ratios: tuple[float, ...]
+    cache_key: str = ""
 
 
 @dataclass
@@ -58,12 +63,18 @@ class Entry:
     ids: list[str] = field(default_factory=list)
     regression: bool = False
     ratios: list[float] = field(default_factory=list)
+    cache_keys: set[str] = field(default_factory=set)
+    old_winner: str | None = None  # a regression's: the fleet's winner when the farm re-measured it
+    banned: str | None = None  # why the old winner was banned, when the re-measure confirmed the regression
 
     @property
     def reason(self) -> str:
         if self.regression:
             worst = max(self.ratios, default=0.0)
-            return f"regression reported by {len(self.hosts)} host(s) (selected/reference {worst:.2f})"
+            text = f"regression reported by {len(self.hosts)} host(s) (selected/reference {worst:.2f})"
+            if self.banned:
+                text += f"; {self.old_winner} banned for this key: {self.banned}"
+            return text
         return f"missed by {len(self.hosts)} host(s), {self.reports} report(s)"
 
 
@@ -90,7 +101,7 @@ def read_reports(client: Any, settings: Settings, limit: int = READ_LIMIT) -> tu
                 id=entry_id, kind=str(raw["kind"]), operation=str(raw["operation"]),
                 device_kind=str(raw.get("device_kind") or ""), spec=spec if isinstance(spec, dict) else None,
                 fingerprint=str(raw["fingerprint"]), host=str(raw.get("host", "?")), time=float(raw.get("time", 0.0)),
-                ratios=tuple(float(r) for r in raw.get("ratios", ())),
+                ratios=tuple(float(r) for r in raw.get("ratios", ())), cache_key=str(raw.get("cache_key") or ""),
             ))
         except (KeyError, TypeError, ValueError) as e:
             log.warning("fleet report %s is malformed (%s): skipped", entry_id, e)
@@ -130,6 +141,8 @@ def plan(reports: list[FleetReport], kernels: tuple[str, ...] = ()) -> tuple[lis
         if r.kind == "regression":
             entry.regression = True
             entry.ratios.extend(r.ratios[:1])
+            if r.cache_key:
+                entry.cache_keys.add(r.cache_key)
     ranked = sorted(entries.values(), key=lambda e: (-len(e.hosts), -e.reports, e.first))
     return ranked, untunable
 
@@ -158,7 +171,12 @@ def tune_from_fleet(
     groups: dict[tuple[str, bool], list[Entry]] = {}
     for e in entries:
         groups.setdefault((e.fingerprint, e.regression), []).append(e)
+    decisions = RedisDecisions(client=client, settings=settings)
+    bans = RedisBans(client, settings)
     for (fingerprint, force), group in groups.items():
+        if force:
+            for e in group:
+                e.old_winner = old_winner(decisions, e)
         try:
             summary = run(catalog_for(group, policy, kernels), fingerprint=fingerprint, force=force)
         except FarmError as error:
@@ -168,6 +186,8 @@ def tune_from_fleet(
             continue
         out.summaries.append(summary)
         done = {a.problem.workload.where for a in summary.aggregates if a.record is not None}
+        if force:
+            ban_regressed(bans, group, summary, policy)
         if not force:
             done |= {p.workload.where for p in summary.already_decided}
         for i, e in enumerate(group):
@@ -180,6 +200,38 @@ def tune_from_fleet(
     for start in range(0, len(acknowledge), 1000):
         out.acknowledged += int(client.xdel(stream_key(settings.prefix), *acknowledge[start:start + 1000]))
     return out
+
+
+def old_winner(decisions: RedisDecisions, entry: Entry) -> str | None:
+    """The candidate the fleet serves for a regression entry's reported cache keys (None: the reference, or no
+    readable record): the suspect its re-measure may ban."""
+    for cache_key in sorted(entry.cache_keys):
+        try:
+            record = decisions.get(cache_key)
+        except FarmError as e:
+            log.warning("fleet report for %s: the published record is unreadable (%s)", cache_key[:80], e)
+            continue
+        if record is not None and record.index != record.reference_index:
+            return record.name
+    return None
+
+
+def ban_regressed(bans: RedisBans, group: list[Entry], summary: Any, policy: StackPolicy) -> None:
+    """After a forced re-measure: ban each old winner whose re-measure confirms the reported regression."""
+    by_where = {a.problem.workload.where: a for a in summary.aggregates if a.record is not None}
+    for i, e in enumerate(group):
+        agg = by_where.get(f"fleet:{i}")
+        if agg is None or agg.record is None or e.old_winner is None:
+            continue
+        measured = next((c for c in agg.record.meta.get("candidates", ()) if c.get("name") == e.old_winner), None)
+        reason = regressed_there_too(measured, policy) if measured is not None else None
+        if measured is None or reason is None:
+            continue
+        bans.ban(agg.problem.target.digest, agg.problem.problem_id,
+                 new_ban(e.old_winner, reason, str(agg.record.meta.get("run", "")), measured.get("ratio")))
+        e.banned = reason
+        log.warning("fleet regression confirmed: %s banned for %s %s (%s)", e.old_winner, e.operation,
+                    agg.problem.problem_id, reason)
 
 
 RUN_TAGS = {"fleet-regression": "re-tuned: an application's regression window invalidated the decision",

@@ -8,6 +8,7 @@ groups run one after the other, each carrying the budget the earlier ones left (
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,16 +54,17 @@ class Problem:
 
 
 def group_tasks(
-    run: str, pid: str, target: Target, workload: Workload, catalog: Catalog, policy_dict: dict[str, Any]
+    run: str, pid: str, target: Target, workload: Workload, catalog: Catalog, policy_dict: dict[str, Any],
+    banned: Collection[str] = (),
 ) -> tuple[list[GroupTask], list[Outcome]]:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
-    try (the same rule as in-process: skips and ``max_candidates``); the others come back as Outcomes."""
+    try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes."""
     from farm_kernels import registry
 
     tunable = registry.get(workload.operation).tunable(target.device_kind)
     order = tunable.search_order()  # the cache key's candidate list: the reference first
     candidates = [tunable[i].candidate() for i in order]
-    admitted, refused = admit(candidates, 0, catalog.policy)
+    admitted, refused = admit(candidates, 0, catalog.policy, banned=banned)
     tasks: list[GroupTask] = []
     groups: dict[int, list[int]] = {}
     for position in admitted:
@@ -85,15 +87,41 @@ def expand(catalog: Catalog, targets: list[Target], run: str) -> list[Problem]:
     policy_dict = catalog.policy.to_dict()
     accuracy = catalog.policy.accuracy_key()
     problems = []
+    normalized: dict[int, dict[str, Any]] = {}
     for target in targets:
         for workload in catalog.workloads:
             if target.device_kind not in workload.devices:
                 continue
-            checksum = registry.get(workload.operation).tunable(target.device_kind).checksum()
-            pid = problem_id(target.digest, workload.operation, target.device_kind, checksum, workload.spec, accuracy)
+            operation = registry.get(workload.operation)
+            checksum = operation.tunable(target.device_kind).checksum()
+            # The id covers the spec with its defaults filled in: `seed = 0` spelled out, or a report's spec rebuilt
+            # from inputs, is the same problem (decided once, banned once) as the spec that leaves them out.
+            spec = normalized.get(id(workload))
+            if spec is None:
+                spec = normalized[id(workload)] = operation.normalize(workload.spec, catalog.path)
+            pid = problem_id(target.digest, workload.operation, target.device_kind, checksum, spec, accuracy)
             tasks, skipped = group_tasks(run, pid, target, workload, catalog, policy_dict)
             problems.append(Problem(pid, target, workload, tasks, skipped))
     return problems
+
+
+def apply_bans(problems: list[Problem], banned: Callable[[str, list[str]], dict[str, set[str]]], catalog: Catalog,
+               run: str) -> int:
+    """Re-plan the problems that have fleet bans (``coordinator/bans.py``; ``banned(digest, problem_ids)``):
+    their banned candidates become SKIPPED outcomes. One lookup per fingerprint; returns how many were re-planned."""
+    by_digest: dict[str, list[Problem]] = {}
+    for p in problems:
+        by_digest.setdefault(p.target.digest, []).append(p)
+    policy_dict = catalog.policy.to_dict()
+    changed = 0
+    for digest, group in by_digest.items():
+        bans = banned(digest, [p.problem_id for p in group])
+        for p in group:
+            if p.problem_id in bans:
+                p.tasks, p.skipped = group_tasks(run, p.problem_id, p.target, p.workload, catalog, policy_dict,
+                                                 bans[p.problem_id])
+                changed += 1
+    return changed
 
 
 def next_tasks(problem: Problem, budget: float) -> list[GroupTask]:

@@ -38,6 +38,12 @@ class Fleet(Protocol):
         ...
 
 
+class Bans(Protocol):
+    """Candidates the fleet must not choose again for a problem (``coordinator/bans.py``)."""
+
+    def banned(self, digest: str, problem_ids: list[str]) -> dict[str, set[str]]: ...
+
+
 class Leases(Protocol):
     """Single flight across coordinators, with fencing tokens (see farm_coordinator.leases)."""
 

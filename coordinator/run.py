@@ -26,8 +26,9 @@ from farm_coordinator.claims import Claims
 from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
-from farm_coordinator.plan import Problem, expand, next_tasks
+from farm_coordinator.plan import Problem, apply_bans, expand, next_tasks
 from farm_coordinator.ports import (
+    Bans,
     Fleet,
     Leases,
     ProgressHook,
@@ -67,6 +68,7 @@ def tune(
     poll: float = 0.5,
     on_event: Callable[[RunEvent], None] | None = None,
     progress: ProgressHook | None = None,
+    bans: Bans | None = None,
 ) -> RunSummary:
     """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it,
     RunInterrupted on Ctrl-C. ``on_event`` receives a :class:`RunEvent` for every step (progress displays).
@@ -78,6 +80,8 @@ def tune(
     ``progress``: a display hook (``farm_cli.progress``) with ``started(run, problems, reused, trials)``,
     ``group_done(trials)``, ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused")
     and ``finished()``; without one, a rich bar per fingerprint is drawn on ``console`` when it is a terminal.
+
+    ``bans``: the fleet's bans (``coordinator/bans.py``): a banned candidate is planned as SKIPPED for its problem.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
@@ -86,6 +90,7 @@ def tune(
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
                  force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event)
     state.hook = progress
+    state.bans = bans
     return state.execute(fingerprint, timeout)
 
 
@@ -112,6 +117,7 @@ class _Run:
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
         self.hook: ProgressHook | None = None
+        self.bans: Bans | None = None
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -141,6 +147,8 @@ class _Run:
         if not problems:
             kinds = sorted({t.device_kind for t in targets})
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
+        if self.bans is not None:
+            apply_bans(problems, self.bans.banned, self.catalog, self.run)
         self.summary.devices = sum(max(1, len(t.workers)) for t in targets)
         if not self.force:
             decided = self.claims.decided(problems)

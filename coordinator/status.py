@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from farm_coordinator.bans import RedisBans
 from farm_coordinator.runlog import RUNNING, RedisRunLog
 from farm_fleet import presence
 from farm_fleet.settings import Settings
@@ -55,6 +56,8 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
         "fingerprints": fingerprints,
         "runs": runs,
         "feedback": _feedback(client, settings),
+        "bans": [{"fingerprint": digest, "problem_id": pid, "candidate": ban.candidate, "reason": ban.reason,
+                  "run": ban.run, "time": ban.time} for digest, pid, ban in RedisBans(client, settings).all(digests)],
     }
 
 
@@ -92,4 +95,9 @@ def render(status: dict[str, Any]) -> Group:
         reports.add_column(column)
     for row in status["feedback"]["by"]:
         reports.add_row(row["operation"], row["fingerprint"], row["kind"], str(row["reports"]), str(row["hosts"]))
-    return Group(fps, workers, runs, reports)
+    bans = Table(title=f"banned candidates ({len(status['bans'])}; farm unban PROBLEM_ID lifts)")
+    for column in ("fingerprint", "problem", "candidate", "reason"):
+        bans.add_column(column)
+    for row in status["bans"]:
+        bans.add_row(row["fingerprint"][:8], row["problem_id"], row["candidate"], row["reason"])
+    return Group(fps, workers, runs, reports, bans)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -125,6 +126,8 @@ def filled_env_file(path: Path, env: dict[str, str], export_dir: Path) -> dict[s
         BROKER_REDIS_PASSWORD=secrets.token_hex(16),
         DECISIONS_WRITER_PASSWORD=secrets.token_hex(16),
         DECISIONS_READER_PASSWORD=secrets.token_hex(16),
+        DECISIONS_REPORTER_USER="reporter",
+        DECISIONS_REPORTER_PASSWORD=secrets.token_hex(16),
         FARM_FLOWER_BASIC_AUTH=f"admin:{secrets.token_hex(12)}",
         FARM_FLOWER_PORT=str(free_port()),
         FARM_PYTHON_IMAGE=env["FARM_TEST_PYTHON_IMAGE"],
@@ -194,6 +197,14 @@ def test_the_stack_starts_healthy_and_flower_requires_its_credentials(stack):
     checked = stack.compose("run", "--rm", "--no-deps", "-T", "coordinator", "/bin/sh",
                             "/usr/local/lib/farm/coordinator-healthcheck.sh", timeout=120)
     assert "healthy: FARM_BROKER_URL, FARM_REDIS_URL answer PING" in checked.stdout
+    # The write-only reporter user of fleet feedback: it may append a report to the stream and read nothing.
+    reporter = ("exec", "-T", "redis-decisions", "redis-cli", "--no-auth-warning", "--user", "reporter", "--pass",
+                stack.values["DECISIONS_REPORTER_PASSWORD"])
+    added = stack.compose(*reporter, "XADD", "farm:feedback", "*", "report", "{}", timeout=60)
+    assert re.fullmatch(r"\d+-\d+", added.stdout.strip()), added.stdout + added.stderr
+    for refused in (("XRANGE", "farm:feedback", "-", "+"), ("HGETALL", "farm:fingerprints"), ("SET", "x", "1")):
+        done = stack.compose(*reporter, *refused, check=False, timeout=60)
+        assert "NOPERM" in done.stdout + done.stderr, (refused, done.stdout, done.stderr)
     # Every process runs as the image's non-root user.
     for service in ("worker-gpu0", "flower"):
         assert stack.compose("exec", "-T", service, "id", "-u").stdout.strip() == "10001"

@@ -40,6 +40,8 @@ ENTRYPOINT = DOCKER / "redis-entrypoint.sh"
 HEALTHCHECK = DOCKER / "worker-healthcheck.sh"
 SECRETS = {"BROKER_REDIS_PASSWORD", "DECISIONS_WRITER_PASSWORD", "DECISIONS_READER_PASSWORD", "FARM_FLOWER_BASIC_AUTH"}
 REQUIRED = SECRETS | {"FARM_HOST_NAME"}
+# Optional (both or neither): the write-only reporter user of fleet feedback.
+OPTIONAL_SECRETS = {"DECISIONS_REPORTER_PASSWORD"}
 
 # ------------------------------------------------------------------------------------------ compose helpers
 
@@ -187,7 +189,8 @@ def test_every_variable_the_compose_file_uses_is_documented_in_env_example_and_n
 def test_the_unedited_env_example_holds_no_secret_and_cannot_start_the_stack():
     example = read_env_file(ROOT / ".env.example")
     assert {name: example[name] for name in REQUIRED} == dict.fromkeys(REQUIRED, "")
-    assert {n for n in example if "PASSWORD" in n or "AUTH" in n} <= SECRETS
+    assert {n for n in example if "PASSWORD" in n or "AUTH" in n} <= SECRETS | OPTIONAL_SECRETS
+    assert {name: example[name] for name in OPTIONAL_SECRETS} == dict.fromkeys(OPTIONAL_SECRETS, "")
     missing = set()
     for name in REQUIRED:
         env = {**filled_env(), name: ""}

@@ -166,7 +166,7 @@ def test_the_reporter_user_may_only_append_to_the_reports_stream(tmp_path):
 def feedback_fleet(redis_srv, tmp_path):
     prefix = f"fb{secrets.token_hex(4)}"
     redis_srv.client(0).flushall()
-    env = farm_env({**WORKER_ENV, "FARM_PREFIX": prefix})
+    env = farm_env({**WORKER_ENV, "FARM_PREFIX": prefix, "FARM_TEST_DEGRADED_FILE": str(tmp_path / "degraded")})
     settings = Settings.from_env(env, broker_url=redis_srv.url(0), redis_url=redis_srv.url(1))
     f = Fleet(redis_srv, settings, tmp_path, env)
     worker = start_worker("cpu:0", f.broker, f.results_url, tmp_path, env, kernels=KERNELS)
@@ -270,6 +270,52 @@ def test_a_reported_regression_makes_the_farm_re_measure_and_republish(feedback_
     (fingerprint,) = data
     (retuned,) = fingerprint["retuned"]
     assert retuned["operation"] == "feedbacktest_scale" and "regression" in retuned["reason"]
+
+
+@pytest.mark.servers
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins the application to CPU 0")
+def test_a_regression_the_farm_confirms_bans_the_old_winner_for_that_key(feedback_fleet, tmp_path):
+    f = feedback_fleet
+    spec = {"n": 3000, "dtype": "float64"}
+    catalog = write_catalog(tmp_path / "policy.toml", "")
+    application(f, catalog, [["feedbacktest_degrading", spec]])
+    assert tune_from_fleet(f, catalog).returncode == 0
+    digest = read_fingerprint(f)
+    (before,) = published(f, digest)
+    assert before["name"] == "degrading"
+
+    (tmp_path / "degraded").touch()  # the old winner now regresses on the farm's devices too
+    application(f, catalog, [["feedbacktest_degrading", spec]], regress=True)
+    done = tune_from_fleet(f, catalog)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "degrading banned for this key: regressed on the farm too" in done.stdout
+    (after,) = published(f, digest)
+    assert after["cache_key"] == before["cache_key"] and after["name"] == "steady"
+    status = json.loads(farm_cli(f, "status", "--json").stdout)
+    (ban,) = status["bans"]
+    assert ban["candidate"] == "degrading" and ban["problem_id"] == after["meta"]["problem_id"]
+
+    # The ban holds for the key even when the candidate is fast again: a forced run of the same workload from a
+    # catalog plans it as skipped, and the fleet keeps serving the other winner.
+    (tmp_path / "degraded").unlink()
+    workload = write_catalog(tmp_path / "degrading.toml", '[[problems]]\noperation = "feedbacktest_degrading"\n'
+                             'devices = ["cpu"]\nworkloads = [{ n = 3000, dtype = "float64" }]\n')
+    forced = farm_cli(f, "tune", str(workload), "--kernels", KERNELS[0], "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    (again,) = published(f, digest)
+    assert again["meta"]["problem_id"] == after["meta"]["problem_id"] and again["created"] > after["created"]
+    assert again["name"] == "steady"
+    notes = {c["name"]: c["note"] for c in again["meta"]["candidates"]}
+    assert "banned for this key" in notes["degrading"]
+
+    # `farm unban` lifts it: the next forced run may choose it again.
+    lifted = subprocess.run([sys.executable, "-m", "farm_cli", "unban", ban["problem_id"], "degrading", "--redis",
+                             f.results_url], capture_output=True, text=True, env=f.env, timeout=60)
+    assert lifted.returncode == 0 and "1 ban(s) lifted" in lifted.stdout, lifted.stdout + lifted.stderr
+    assert json.loads(farm_cli(f, "status", "--json").stdout)["bans"] == []
+    assert farm_cli(f, "tune", str(workload), "--kernels", KERNELS[0], "--force").returncode == 0
+    (freed,) = published(f, digest)
+    assert freed["name"] == "degrading"
 
 
 def farm_cli_redis(f: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
