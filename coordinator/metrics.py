@@ -142,7 +142,15 @@ class FarmCollector:
                                     labels=["operation", "fingerprint", "kind"])
         for row in state.get("feedback", {}).get("by", ()):
             reports.add_metric([row["operation"], row["fingerprint"], row["kind"]], row["reports"])
-        yield from (workers, queued, decisions, runs, reports)
+        bans = GaugeMetricFamily("farm_fleet_bans", "Candidates banned for a problem after a confirmed regression "
+                                 "(`farm status` lists them, `farm unban` lifts them), by fingerprint.",
+                                 labels=["fingerprint"])
+        by_fingerprint: dict[str, int] = {}
+        for ban in state.get("bans", ()):
+            by_fingerprint[ban["fingerprint"]] = by_fingerprint.get(ban["fingerprint"], 0) + 1
+        for digest, n in sorted(by_fingerprint.items()):
+            bans.add_metric([digest], n)
+        yield from (workers, queued, decisions, runs, reports, bans)
 
 
 def registry_for(settings: Settings) -> Any:

@@ -30,6 +30,7 @@ import farm
 from farm.feedback import FleetReporter, stream_key
 from farm.stores.memory import MemoryStore
 from farm_coordinator.feedback import plan, read_reports, waiting
+from farm_coordinator.metrics import FarmCollector
 from farm_fleet.settings import Settings
 from farm_kernels import registry
 
@@ -294,6 +295,8 @@ def test_a_regression_the_farm_confirms_bans_the_old_winner_for_that_key(feedbac
     status = json.loads(farm_cli(f, "status", "--json").stdout)
     (ban,) = status["bans"]
     assert ban["candidate"] == "degrading" and ban["problem_id"] == after["meta"]["problem_id"]
+    families = {m.name: m for m in FarmCollector(f.client(), f.settings).collect()}
+    assert [(s.labels, s.value) for s in families["farm_fleet_bans"].samples] == [({"fingerprint": digest}, 1.0)]
 
     # The ban holds for the key even when the candidate is fast again: a forced run of the same workload from a
     # catalog plans it as skipped, and the fleet keeps serving the other winner.
