@@ -154,7 +154,7 @@ class RedisResults:
             with self.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     done = self.settings.done_key(key[0])
-                    pipe.rpush(done, self.settings.key("unrun", *key))
+                    pipe.rpush(done, self.settings.unrun_key(*key))
                     pipe.expire(done, ttl)
                 pipe.execute()
 
@@ -179,13 +179,7 @@ class RedisResults:
         for i, items in enumerate(self._retry(drain)):
             if i % 2 == 0:
                 found.extend(items)
-        notices: list[tuple[str, Key]] = []
-        for name in found:
-            kind, _, rest = str(name).removeprefix(self.settings.prefix + ":").partition(":")
-            parts = rest.split(":")
-            if kind in ("result", "unrun") and len(parts) == 3:
-                notices.append((kind, (parts[0], parts[1], parts[2])))
-        return notices
+        return [notice for name in found if (notice := self.settings.notice_of(str(name))) is not None]
 
     def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
         raw = self._retry(lambda: self.client.get(self.settings.result_key(run, problem_id, group)))
