@@ -76,13 +76,17 @@ class Settings(KeyLayout):
     def notice_of(self, name: str) -> tuple[str, tuple[str, str, str]] | None:
         """("result" or "unrun", (run, problem id, group)) of a notice, or None for a foreign one (another
         prefix, another protocol version's result)."""
+        if not name.startswith(self.prefix + ":"):
+            return None
         head, _, rest = name.removeprefix(self.prefix + ":").partition(":")
-        parts = rest.split(":")
-        if head == "result" and len(parts) == 4 and parts[0] == f"v{PROTOCOL_VERSION}":
-            return head, (parts[1], parts[2], parts[3])
-        if head == "unrun" and len(parts) == 3:
-            return head, (parts[0], parts[1], parts[2])
-        return None
+        if head == "result":
+            version, _, rest = rest.partition(":")
+            if version != f"v{PROTOCOL_VERSION}":
+                return None
+        elif head != "unrun":
+            return None
+        parts = rest.rsplit(":", 2)  # a run id (--run) may hold colons; problem ids and groups do not
+        return (head, (parts[0], parts[1], parts[2])) if len(parts) == 3 else None
 
     def attempts_key(self, run: str, problem_id: str, group: str) -> str:
         return self.key("attempts", run, problem_id, group)

@@ -194,3 +194,11 @@ def test_a_stored_result_or_an_unrun_group_reaches_the_coordinator_by_its_notice
     results.unrun([("r", "b", "g0")])
     assert [(r.problem_id, r.group) for r in d.collect(wait=5.0)] == [("a", "g0")]
     assert d.lost() == [unrun] and d.in_flight() == 0
+
+
+def test_a_notice_names_its_group_whatever_the_run_id_and_foreign_notices_name_none():
+    settings = Settings(prefix="farm")
+    assert settings.notice_of(settings.result_key("run:with:colons", "p1", "g0")) == ("result", ("run:with:colons", "p1", "g0"))
+    assert settings.notice_of(settings.unrun_key("r", "p1", "g2")) == ("unrun", ("r", "p1", "g2"))
+    for foreign in ("other:result:v2:r:p1:g0", "farm:result:v1:r:p1:g0", "farm:started:r:p1:g0", "farm:result:v2:p1"):
+        assert settings.notice_of(foreign) is None
