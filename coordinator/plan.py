@@ -2,13 +2,14 @@
 
 Tasks name their candidates (name, revision); the coordinator never works with implementation indices. A problem's
 groups run one after the other, each carrying the budget the earlier ones left (:func:`next_tasks`; the rule is
-``farm.search``'s), so the budget bounds the problem's whole search on the farm as in-process.
+``farm.search``'s), so the budget bounds the problem's whole search on the farm as in-process. Tiny groups travel
+in batches (:func:`batch_size`, :func:`in_flight_limit`) so that the broker's cost per task is shared.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,3 +146,24 @@ def next_tasks(problem: Problem, budget: float) -> list[GroupTask]:
         problem.sent.add(task.group)
         return [dataclasses.replace(task, budget=left)]
     return []
+
+
+WARMUP = 3
+"""Groups that must report their cost before groups are batched."""
+
+
+def batch_size(observed: Sequence[float], queued: int, devices: int, target_seconds: float, cap: int) -> int:
+    """How many groups the next task carries: as many as the recent groups' mean trial seconds (``observed``) fit
+    in ``target_seconds``, at most ``cap``, and no more than a share of the ``queued`` groups that leaves every
+    device work. One group until :data:`WARMUP` groups have reported their cost."""
+    if len(observed) < WARMUP:
+        return 1
+    mean = max(sum(observed) / len(observed), 1e-6)
+    return max(1, min(int(target_seconds / mean), queued // (2 * max(1, devices)), cap))
+
+
+def in_flight_limit(observed: Sequence[float], devices: int, most: int) -> int:
+    """How many groups may be in flight: ``most``, but while the batch size is unknown (fewer than
+    :data:`WARMUP` groups reported) only two per device, one running and one queued behind it: a flood of
+    single-group tasks would each cost a broker round trip that batches share once the cost is known."""
+    return most if len(observed) >= WARMUP else min(most, 2 * max(1, devices))

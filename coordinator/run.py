@@ -26,7 +26,7 @@ from farm_coordinator.claims import Claims
 from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
-from farm_coordinator.plan import Problem, apply_bans, expand, next_tasks
+from farm_coordinator.plan import Problem, apply_bans, batch_size, expand, in_flight_limit, next_tasks
 from farm_coordinator.ports import (
     Bans,
     Fleet,
@@ -224,12 +224,8 @@ class _Run:
 
     def _batch_size(self) -> int:
         """Tiny groups share one broker round trip; big ones go alone so every device gets work."""
-        if len(self.observed) < 3:
-            return 1
-        mean = max(sum(self.observed) / len(self.observed), 1e-6)
-        by_cost = int(self.settings.batch_target_seconds / mean)
-        by_spread: int = len(self.queue) // (2 * max(1, self.summary.devices))
-        return max(1, min(by_cost, by_spread, self.batch_cap))
+        return batch_size(self.observed, len(self.queue), self.summary.devices, self.settings.batch_target_seconds,
+                          self.batch_cap)
 
     def _sendable(self, task: GroupTask) -> bool:
         t = self.board.get(task.problem_id)
@@ -240,7 +236,8 @@ class _Run:
         return t.state in (State.QUEUED, State.RUNNING) and task.group not in t.problem.results
 
     def _submit(self) -> None:
-        while self.queue and self.dispatcher.in_flight() < self.settings.max_in_flight:
+        limit = in_flight_limit(self.observed, self.summary.devices, self.settings.max_in_flight)
+        while self.queue and self.dispatcher.in_flight() < limit:
             size = self._batch_size()
             task, name = self.queue.popleft()
             if not self._sendable(task):

@@ -86,6 +86,12 @@ class MemoryResults:
             self._attempts[key] = self._attempts.get(key, 0) + 1
             return self._attempts[key]
 
+    def begin(self, run: str, problem_id: str, group: str) -> tuple[GroupResult | None, int]:
+        """(the stored result, 0), or when there is none (None, one more attempt counted)."""
+        with self._lock:
+            found = self._results.get((run, problem_id, group))
+        return (found, 0) if found is not None else (None, self.attempt(run, problem_id, group))
+
     def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
         """In-process tasks start when the coordinator runs them: nothing to record."""
 
@@ -97,6 +103,16 @@ class MemoryResults:
                 self._attempts.pop(key, None)
 
 
+# A group's stored result (a string), or else one more attempt counted (the count, an integer): one round trip.
+_BEGIN = """
+local found = redis.call('GET', KEYS[1])
+if found then return found end
+local count = redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return count
+"""
+
+
 class RedisResults:
     """Results as JSON strings under ``settings.result_key``, written with SET NX (first one wins). Every call
     retries a store outage for ``settings.store_retry_seconds`` before raising StoreUnavailable."""
@@ -104,6 +120,7 @@ class RedisResults:
     def __init__(self, client: Any, settings: Settings) -> None:
         self.client = client
         self.settings = settings
+        self._begin = client.register_script(_BEGIN)
 
     def _retry(self, call: Callable[[], T]) -> T:
         return retrying(call, self.settings.store_retry_seconds, "the results Redis")
@@ -120,9 +137,10 @@ class RedisResults:
                 pipe.get(key)
                 pipe.rpush(done, key)
                 pipe.expire(done, ttl)
-                return pipe.execute()[1]
+                return pipe.execute()
 
-        return GroupResult.from_dict(json.loads(self._retry(put)))
+        stored, found = self._retry(put)[:2]
+        return result if stored else GroupResult.from_dict(json.loads(found))
 
     def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
         """Record that a delivery of these groups started now on ``worker`` (expires with the results)."""
@@ -154,7 +172,7 @@ class RedisResults:
             with self.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     done = self.settings.done_key(key[0])
-                    pipe.rpush(done, self.settings.key("unrun", *key))
+                    pipe.rpush(done, self.settings.unrun_key(*key))
                     pipe.expire(done, ttl)
                 pipe.execute()
 
@@ -179,13 +197,7 @@ class RedisResults:
         for i, items in enumerate(self._retry(drain)):
             if i % 2 == 0:
                 found.extend(items)
-        notices: list[tuple[str, Key]] = []
-        for name in found:
-            kind, _, rest = str(name).removeprefix(self.settings.prefix + ":").partition(":")
-            parts = rest.split(":")
-            if kind in ("result", "unrun") and len(parts) == 3:
-                notices.append((kind, (parts[0], parts[1], parts[2])))
-        return notices
+        return [notice for name in found if (notice := self.settings.notice_of(str(name))) is not None]
 
     def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
         raw = self._retry(lambda: self.client.get(self.settings.result_key(run, problem_id, group)))
@@ -197,16 +209,14 @@ class RedisResults:
         raws = self._retry(lambda: self.client.mget([self.settings.result_key(*k) for k in keys]))
         return [GroupResult.from_dict(json.loads(r)) if r is not None else None for r in raws]
 
-    def attempt(self, run: str, problem_id: str, group: str) -> int:
-        key = self.settings.attempts_key(run, problem_id, group)
-
-        def count() -> int:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.incr(key)
-                pipe.expire(key, int(self.settings.result_ttl))
-                return int(pipe.execute()[0])
-
-        return self._retry(count)
+    def begin(self, run: str, problem_id: str, group: str) -> tuple[GroupResult | None, int]:
+        """(the stored result, 0), or when there is none (None, one more attempt counted): what a worker asks
+        before it runs a group, in one round trip."""
+        keys = [self.settings.result_key(run, problem_id, group), self.settings.attempts_key(run, problem_id, group)]
+        reply = self._retry(lambda: self._begin(keys=keys, args=[int(self.settings.result_ttl)]))
+        if isinstance(reply, int):
+            return None, reply
+        return GroupResult.from_dict(json.loads(reply)), 0
 
     def discard(self, keys: Iterable[Key]) -> None:
         """Forget these groups' results, attempts and start marks (a failed group runs again on a rerun)."""

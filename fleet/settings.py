@@ -65,8 +65,28 @@ class Settings(KeyLayout):
         return self.key("result", f"v{PROTOCOL_VERSION}", run, problem_id, group)
 
     def done_key(self, run: str) -> str:
-        """List of result keys completed in a run: the coordinator blocks on it instead of polling."""
+        """List of notices of a run: the key of each result stored, or an :meth:`unrun_key`. The coordinator
+        blocks on it instead of polling; :meth:`notice_of` reads a notice back."""
         return self.key("done", run)
+
+    def unrun_key(self, run: str, problem_id: str, group: str) -> str:
+        """The notice that a batch ended without running a group (nothing is stored under it)."""
+        return self.key("unrun", run, problem_id, group)
+
+    def notice_of(self, name: str) -> tuple[str, tuple[str, str, str]] | None:
+        """("result" or "unrun", (run, problem id, group)) of a notice, or None for a foreign one (another
+        prefix, another protocol version's result)."""
+        if not name.startswith(self.prefix + ":"):
+            return None
+        head, _, rest = name.removeprefix(self.prefix + ":").partition(":")
+        if head == "result":
+            version, _, rest = rest.partition(":")
+            if version != f"v{PROTOCOL_VERSION}":
+                return None
+        elif head != "unrun":
+            return None
+        parts = rest.rsplit(":", 2)  # a run id (--run) may hold colons; problem ids and groups do not
+        return (head, (parts[0], parts[1], parts[2])) if len(parts) == 3 else None
 
     def attempts_key(self, run: str, problem_id: str, group: str) -> str:
         return self.key("attempts", run, problem_id, group)

@@ -176,3 +176,29 @@ workloads = [{workloads}]
     summary = tune(catalog, settings=settings, leases=CountingLeases(), **parts)
     assert summary.published == 600
     assert sizes[0] == 256 and max(sizes) == 256 and sum(sizes) == 600 and len(sizes) >= 3
+
+
+def test_a_stored_result_or_an_unrun_group_reaches_the_coordinator_by_its_notice_alone(redis_db):
+    """No sweep in this test (once an hour): the completion notices workers push must name their group."""
+    from farm_fleet.protocol import STATUS_OK, GroupResult
+    from farm_fleet.results import RedisResults
+
+    settings = Settings(prefix="notice")
+    results = RedisResults(redis_db, settings)
+    d = CeleryDispatcher(FakeApp(), results, settings, sweep=3600.0)  # type: ignore[arg-type]
+    d._last_sweep = d._last_deadlines = float("inf")  # the first call would sweep: never here
+    done, unrun = problem("a").tasks[0], problem("b").tasks[0]
+    d.submit([done, unrun], "q", (10.0, 20.0))
+    redis_db.rpush(settings.done_key("r"), "other:result:v2:r:a:g0", "notice:result:v1:r:a:g0")  # foreign ones
+    results.put_if_absent(GroupResult("r", "a", "g0", STATUS_OK))
+    results.unrun([("r", "b", "g0")])
+    assert [(r.problem_id, r.group) for r in d.collect(wait=5.0)] == [("a", "g0")]
+    assert d.lost() == [unrun] and d.in_flight() == 0
+
+
+def test_a_notice_names_its_group_whatever_the_run_id_and_foreign_notices_name_none():
+    settings = Settings(prefix="farm")
+    assert settings.notice_of(settings.result_key("run:with:colons", "p1", "g0")) == ("result", ("run:with:colons", "p1", "g0"))
+    assert settings.notice_of(settings.unrun_key("r", "p1", "g2")) == ("unrun", ("r", "p1", "g2"))
+    for foreign in ("other:result:v2:r:p1:g0", "farm:result:v1:r:p1:g0", "farm:started:r:p1:g0", "farm:result:v2:p1"):
+        assert settings.notice_of(foreign) is None

@@ -82,6 +82,20 @@ def test_a_group_result_is_stored_once_and_a_redelivery_returns_it_without_runni
     assert ctx.results.attempt("round", "p64", "g0") == 2  # only the first delivery counted an attempt
 
 
+def test_on_redis_a_redelivery_returns_the_stored_result_and_only_the_first_delivery_counts_an_attempt(redis_db):
+    from farm_fleet.results import RedisResults
+
+    settings = Settings(prefix="wt")
+    ctx = WorkerContext(client=HostClient(0), results=RedisResults(redis_db, settings), settings=settings,
+                        worker_id="w0", interrupts=(Interrupt,))
+    first = run_group(task(ctx), ctx)
+    before = calls["n"]
+    assert run_group(task(ctx), ctx) == first and calls["n"] == before
+    assert redis_db.get(settings.attempts_key("round", "p64", "g0")) == "1"
+    redis_db.set(settings.attempts_key("round", "p65", "g0"), settings.max_attempts)
+    assert "gave up after 3 attempts" in run_group(task(ctx, n=65), ctx)["error"]
+
+
 def test_past_the_attempt_bound_the_group_is_recorded_failed_without_running():
     ctx = context()
     for _ in range(ctx.settings.max_attempts):

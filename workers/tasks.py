@@ -119,13 +119,12 @@ def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
     """Run one group task and return its result as JSON. Stored under (run, problem, group) only if absent, so a
     redelivered task returns the first result. Raises DeviceQuarantined after a device failure."""
     task = GroupTask.from_dict(message)
-    existing = ctx.results.get(task.run, task.problem_id, task.group)
+    if ctx.quarantined is not None:  # before counting an attempt: another worker runs (or answers) the group
+        raise DeviceQuarantined(ctx.quarantined)
+    existing, attempt = ctx.results.begin(task.run, task.problem_id, task.group)
     if existing is not None:
         body: dict[str, Any] = existing.to_dict()
         return body
-    if ctx.quarantined is not None:
-        raise DeviceQuarantined(ctx.quarantined)
-    attempt = ctx.results.attempt(task.run, task.problem_id, task.group)
     provenance = ctx.provenance(attempt)
     if attempt > ctx.settings.max_attempts:
         failed = GroupResult.failed(
