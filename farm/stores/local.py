@@ -42,6 +42,7 @@ STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 PAGE_SIZE = 16384  # a record with its trial rows is a few KiB: 4 KiB pages overflow
 _BATCH = 1000
+_ROWS = 199  # rows per multi-row statement: 5 values each, within SQLite's oldest limit of 999 variables
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -288,9 +289,17 @@ class LocalStore:
                 results.append(replies)
             conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", fingerprints.items())
             items = sorted(staged.items())
-            conn.executemany("DELETE FROM decisions WHERE key = ?", [(k,) for k, _ in items if k in stored])
-            conn.executemany("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
-                             [(k, FARM, v[1], v[4], v[3]) for k, v in items])
+            # Many rows per statement: a statement on this table runs the count triggers, so SQLite keeps a
+            # statement journal of the pages it changes (the counts page included) for each statement.
+            gone = [k for k, _ in items if k in stored]
+            for at in range(0, len(gone), _ROWS):
+                part = gone[at : at + _ROWS]
+                conn.execute(f"DELETE FROM decisions WHERE key IN ({','.join('?' * len(part))})", part)
+            for at in range(0, len(items), _ROWS):
+                rows = items[at : at + _ROWS]
+                conn.execute("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES "
+                             + ",".join(["(?, ?, ?, ?, ?)"] * len(rows)),
+                             [value for k, v in rows for value in (k, FARM, v[1], v[4], v[3])])
             conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)", [(k, v[5] or "[]") for k, v in items])
             conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
                              [(v[2], v[4], k) for k, v in items if v[4]])

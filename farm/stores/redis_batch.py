@@ -13,7 +13,7 @@ If anything touched the decisions hash in between, EXEC does nothing and the bat
 ``RETRIES`` tries, it goes through ``farm_publish`` one call per decision). Each batch is one transaction: a
 refusal leaves the batches before it applied, and since every publication is idempotent under the rule,
 publishing again completes it. Commands are packed here (redis-py's generic packing costs more than the server's
-work) and the two steps of the next batch are prepared while the server runs this one's.
+work); the next batch is judged right after this one's transaction, and encoded while the server runs it.
 """
 
 from __future__ import annotations
@@ -81,30 +81,36 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
     try:
         part = next(parts, None)
         if part is not None:
-            _send_judge(conn, keys, part)
+            conn.send_packed_command([_judge(keys, part)])
+        upcoming = next(parts, None)
         while part is not None:
-            following: _Part | None = None
-            fetched = False
+            later: _Part | None = None
+            fetched = chained = False
             for attempt in range(RETRIES + 1):
                 reasons = _read_judge(conn, part)
                 if attempt == RETRIES:
                     conn.send_packed_command([_command(b"UNWATCH")])
                     conn.read_response()
                     results += decisions.publish_calls(_calls(batch, part, digest, keys, s.events_maxlen))
+                    chained = False
                     break
                 transaction, queued = _transaction(part, keys, reasons, tail, events_head)
-                conn.send_packed_command([transaction])
+                chained = upcoming is not None  # the next part is judged right after this transaction
+                conn.send_packed_command([transaction + (_judge(keys, upcoming) if upcoming is not None else b"")])
                 if not fetched:
-                    following, fetched = next(parts, None), True  # encoded while the server runs the transaction
+                    later, fetched = next(parts, None), True  # encoded while the server works
                 if _read_transaction(conn, queued):
                     results += [(not r.startswith("kept"), r) for r in reasons]
                     break
-                _send_judge(conn, keys, part)  # the decisions hash changed after WATCH: judge again
+                if upcoming is not None:
+                    _read_judge(conn, upcoming)  # judged too early: judged again after this part
+                chained = False
+                conn.send_packed_command([_judge(keys, part)])  # the hash changed after WATCH: judge again
             if not fetched:
-                following = next(parts, None)
-            if following is not None:
-                _send_judge(conn, keys, following)
-            part = following
+                later = next(parts, None)
+            part, upcoming = upcoming, later
+            if part is not None and not chained:
+                conn.send_packed_command([_judge(keys, part)])
     except BaseException:
         conn.disconnect()
         raise
@@ -113,10 +119,10 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
     return results
 
 
-def _send_judge(conn: Any, keys: dict[str, bytes], part: _Part) -> None:
-    conn.send_packed_command([
-        _command(b"WATCH", keys["decisions"]) + b"*%d\r\n" % (4 + 3 * len(part)) + _bulk(b"FCALL_RO")
-        + _bulk(b"farm_judge") + _bulk(b"1") + _bulk(keys["decisions"]) + part.judge])
+def _judge(keys: dict[str, bytes], part: _Part) -> bytes:
+    """WATCH the decisions hash, then farm_judge the part's decisions."""
+    return (_command(b"WATCH", keys["decisions"]) + b"*%d\r\n" % (4 + 3 * len(part)) + _bulk(b"FCALL_RO")
+            + _bulk(b"farm_judge") + _bulk(b"1") + _bulk(keys["decisions"]) + part.judge)
 
 
 def _read_judge(conn: Any, part: _Part) -> list[str]:

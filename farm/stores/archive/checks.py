@@ -6,6 +6,7 @@ Each raises ArchiveError naming the file, the first bad row and the column.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,18 +75,52 @@ def per_value(column: Any, function: Callable[[Any], Any]) -> Any:
     return function(column)
 
 
-def join_fields(parts: list[Any]) -> Any:
+def join_fields(parts: list[Any], json_text: bool = False) -> Any:
     """Columnar ``farm.encoding.fields``: each part (a string column or a str) as ``<UTF-8 length>:<text>``,
-    joined."""
+    joined. ``json_text``: the joined text as it appears inside a JSON string (json.dumps' escapes)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     def encode(values: Any) -> Any:
-        return pc.binary_join_element_wise(pc.cast(pc.binary_length(values), pa.string()), values, ":")
+        text = json_escaped(values) if json_text else values
+        return pc.binary_join_element_wise(pc.cast(pc.binary_length(values), pa.string()), text, ":")
 
-    encoded = [pa.scalar(f"{len(part.encode())}:{part}") if isinstance(part, str) else per_value(part, encode)
-               for part in parts]
+    encoded = [pa.scalar(f"{len(part.encode())}:{_escape(part) if json_text else part}") if isinstance(part, str)
+               else per_value(part, encode) for part in parts]
     return pc.binary_join_element_wise(*encoded, "")
+
+
+_escape_string = json.encoder.encode_basestring_ascii  # json.dumps' own string form
+
+
+def _escape(text: str) -> str:
+    return str(_escape_string(text))[1:-1]
+
+
+_PLAIN_JSON = "^[\\x20-\\x21\\x23-\\x5b\\x5d-\\x7e]*$"  # what json.dumps writes as it is: printable ASCII but " and \\
+
+
+def needs_escape(part: Any) -> bool:
+    """Whether a string, or some value of a string column, is not written as it is inside a JSON string."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(part, str):
+        return _escape(part) != part
+    if pa.types.is_dictionary(part.type):
+        part = part.dictionary
+    return pc.all(pc.match_substring_regex(part, _PLAIN_JSON)).as_py() is False
+
+
+def json_escaped(values: Any) -> Any:
+    """Each string as it appears between the quotes of its JSON string (json.dumps, ASCII only): as it is when
+    it holds only printable ASCII other than " and \\, else escaped by :mod:`json`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pc.all(pc.match_substring_regex(values, _PLAIN_JSON)).as_py() is not False:
+        return values
+    return pa.array([None if v is None else _escape(v) for v in values.to_pylist()], pa.string())
 
 
 def check_key_version(path: Path, batch: Any, at: int) -> None:

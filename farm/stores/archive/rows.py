@@ -23,17 +23,17 @@ from farm.stores.archive.checks import (
     check_key_version,
     check_order,
     join_fields,
+    needs_escape,
     per_value,
 )
 from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names
 from farm.stores.archive.schema import (
     TRIAL_FIELDS,
     TRIAL_TYPES,
+    _encode_string,
     _short,
-    record_body,
-    with_checksum,
 )
-from farm.stores.base import DecisionRecord, PublicationBatch, event_run
+from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
 
 
 @dataclass
@@ -75,12 +75,13 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
                      rows: ArchiveRows) -> str | None:
     """Verify one batch of schema 2 decision rows and append them to ``rows``; return the batch's last cache key
     (``previous``: the last key of the batch before)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    keys_array = join_fields([batch.column("key_version"), batch.column("scope"), batch.column("operation_key"),
-                              fingerprint, batch.column("workload"), batch.column("execution_context"),
-                              pc.cast(batch.column("reference_index"), "string"), batch.column("manifest"),
-                              batch.column("accuracy_key")])
+    parts = [batch.column("key_version"), batch.column("scope"), batch.column("operation_key"), fingerprint,
+             batch.column("workload"), batch.column("execution_context"),
+             pc.cast(batch.column("reference_index"), pa.string()), batch.column("manifest"), batch.column("accuracy_key")]
+    keys_array = join_fields(parts)
 
     def label(i: int) -> str:
         return hashlib.sha256(str(keys_array[i].as_py()).encode()).hexdigest()[:12]
@@ -88,23 +89,32 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     check_decision_ranges(path, batch, at, label)
     check_key_version(path, batch, at)
     last = check_order(path, keys_array, at, previous)
-    keys = keys_array.to_pylist()
     col = {name: batch.column(name).to_pylist() for name in (
         "key_hash", "winner_index", "reference_index", "verified", "ratio", "created", "meta_json", "checksum",
         "problem_id")}
     hashes, indexes, references = col["key_hash"], col["winner_index"], col["reference_index"]
-    verified, ratios, created, metas, checksums = col["verified"], col["ratio"], col["created"], col["meta_json"], \
-        col["checksum"]
+    checksums, created = col["checksum"], col["created"]
+    meta_runs = _meta_runs(path, batch.column("meta_json"), col["meta_json"], at, label)
+    # The record texts, column-wise: the canonical JSON of each record with its stored checksum.
+    json_key = join_fields(parts, json_text=True) if any(map(needs_escape, parts)) else keys_array
+    body = pc.binary_join_element_wise(
+        '{"cache_key":"', json_key, '","created":', _reprs(created), ',"index":',
+        pc.cast(batch.column("winner_index"), pa.string()), ',"meta":', batch.column("meta_json"), ',"name":',
+        per_value(batch.column("winner"), _json_strings), ',"ratio":', _reprs(col["ratio"]), ',"reference_index":',
+        parts[6], f',"schema":{SCHEMA_VERSION},"verified":',
+        pc.if_else(batch.column("verified"), "true", "false"), "")
+    bodies = pc.binary_join_element_wise(body, "}", "").cast(pa.binary()).to_pylist()
+    texts = pc.binary_join_element_wise(body, ',"checksum":"', pa.array([c.hex() for c in checksums], pa.string()),
+                                        '"}', "")
     m_codes, m_values = _codes(batch.column("manifest"))
     a_codes, a_values = _codes(batch.column("accuracy_key"))
     w_codes, w_values = _codes(batch.column("winner"))
     names_of = [_names(value) for value in m_values]  # None: not a canonical manifest
     accuracy_ok = [canonical_accuracy(value) is None for value in a_values]
-    meta_runs = _meta_runs(path, batch.column("meta_json"), metas, at, label)
     sha256, from_bytes = hashlib.sha256, int.from_bytes
-    digests, texts, winners = rows.digests, rows.texts, rows.names
-    for i, key in enumerate(keys):
-        digest = sha256(key.encode()).digest()
+    digests = rows.digests
+    for i, key in enumerate(keys_array.cast(pa.binary()).to_pylist()):
+        digest = sha256(key).digest()
         names = names_of[m_codes[i]]
         index, reference, winner = indexes[i], references[i], w_values[w_codes[i]]
         if from_bytes(digest[:8], "big", signed=True) != hashes[i]:
@@ -117,23 +127,35 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
                       f"{canonical_accuracy(a_values[a_codes[i]])}"
         elif index >= len(names) or reference >= len(names) or names[index] != winner:
             problem = _winner_problem(names, index, reference, winner)
+        elif sha256(bodies[i]).digest() != checksums[i]:
+            problem = (f"column 'checksum' = {checksums[i].hex()[:12]}… is not the sha256 of the record rebuilt "
+                       f"from the row's columns: a column was modified")
         else:
-            body = record_body(key, created[i], index, metas[i], winner, ratios[i], reference, verified[i])
-            checksum = checksums[i]
-            if sha256(body.encode()).digest() == checksum:
-                digests.append(digest)
-                texts.append(with_checksum(body, checksum))
-                winners.append(winner)
-                continue
-            problem = (f"column 'checksum' = {checksum.hex()[:12]}… is not the sha256 of the record rebuilt from the "
-                       f"row's columns: a column was modified")
+            digests.append(digest)
+            continue
         raise ArchiveError(f"{path}: row {at + i} (key {digest.hex()[:12]}): {problem}")
-    rows.keys += keys
+    rows.keys += keys_array.to_pylist()
+    rows.texts += texts.to_pylist()
+    rows.names += [w_values[c] for c in w_codes]
     rows.runs += meta_runs
-    rows.verified += verified
+    rows.verified += col["verified"]
     rows.created += created
     rows.problem_ids += col["problem_id"]
     return last
+
+
+def _reprs(values: list[float]) -> Any:
+    """Python's own text of each float (``repr``, as json.dumps writes it)."""
+    import pyarrow as pa
+
+    return pa.array(list(map(float.__repr__, values)), pa.string())
+
+
+def _json_strings(values: Any) -> Any:
+    """The JSON string (json.dumps: quotes, escapes, ASCII only) of each value of a (small) string array."""
+    import pyarrow as pa
+
+    return pa.array([_encode_string(v) for v in values.to_pylist()], pa.string())
 
 
 _RUN_SCHEMA: Any = None
@@ -152,12 +174,16 @@ def _meta_runs(path: Path, column: Any, metas: list[str], at: int, label: Any) -
     if _RUN_SCHEMA is None:
         _RUN_SCHEMA = pj.ParseOptions(explicit_schema=pa.schema([("run", pa.string())]),
                                       unexpected_field_behavior="ignore")
-    lines = pc.and_(pc.and_(pc.starts_with(column, "{"), pc.ends_with(column, "}")),
-                    pc.and_(pc.equal(pc.find_substring(column, "\n"), -1), pc.equal(pc.find_substring(column, "\r"), -1)))
-    brackets = pc.add(pc.count_substring(column, "{"), pc.count_substring(column, "["))
-    if metas and pc.all(lines).as_py() and pc.max(brackets).as_py() <= _MAX_BRACKETS:
+    data = "\n".join(metas).encode()
+    # One line per value (no line break inside one), each an object, none with so many brackets that json.loads
+    # could refuse its nesting (only a value longer than twice the limit can hold more).
+    simple = (bool(metas) and data.count(b"\n") == len(metas) - 1 and b"\r" not in data
+              and pc.all(pc.and_(pc.starts_with(column, "{"), pc.ends_with(column, "}"))).as_py()
+              and all(metas[i].count("{") + metas[i].count("[") <= _MAX_BRACKETS
+                      for i in pc.indices_nonzero(pc.greater(pc.binary_length(column), 2 * _MAX_BRACKETS)).to_pylist()))
+    if simple:
         try:
-            table = pj.read_json(pa.BufferReader("\n".join(metas).encode()), parse_options=_RUN_SCHEMA,
+            table = pj.read_json(pa.BufferReader(data), parse_options=_RUN_SCHEMA,
                                  read_options=pj.ReadOptions(block_size=1 << 26))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             table = None
@@ -264,17 +290,21 @@ def trial_texts(path: Path, batch: Any, at: int, decisions: int, texts: list[str
     ends = runs.run_ends.to_pylist()
     owners = runs.values.to_pylist()
     offsets = pa.array([0, *ends], pa.int32())
-    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, rows), ",").to_pylist()
+    lists = pc.binary_join(pa.ListArray.from_arrays(offsets, rows), ",")
+    joined = pc.binary_join_element_wise("[", lists, "]", "").to_pylist()
     fallback = set(pc.indices_nonzero(python).to_pylist())
+    if not fallback and owners[0] == len(texts) and owners[-1] - owners[0] + 1 == len(owners):
+        texts += joined  # consecutive decisions, none begun in the batch before: the common case
+        return int(owners[-1])
     start = 0
     for owner, end, text in zip(owners, ends, joined, strict=True):
         if fallback and any(r in fallback for r in range(start, end)):
-            text = _python_rows(path, batch, at, start, end)
+            text = f"[{_python_rows(path, batch, at, start, end)}]"
         if len(texts) <= owner:
             texts.extend([""] * (owner - len(texts)))
-            texts.append(f"[{text}]")
+            texts.append(text)
         else:  # the decision's rows began in the batch before
-            texts[owner] = f"{texts[owner][:-1]},{text}]"
+            texts[owner] = f"{texts[owner][:-1]},{text[1:]}"
         start = end
     return int(owners[-1])
 
