@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
-PAGE_SIZE = 16384  # a record with its trial rows is a few KiB: 4 KiB pages overflow
+PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
 _BATCH = 1000
 _ROWS = 199  # rows per multi-row statement: 5 values each, within SQLite's oldest limit of 999 variables
 
