@@ -1,11 +1,12 @@
 """Verified decisions in columns, and the schema 2 decoding that produces them.
 
 A batch of decisions.parquet is checked column-wise first (ranges, key version, the cache keys rebuilt from their
-parts and strictly increasing), then row by row in one tight loop: the key's sha256 against ``key_hash``, the
-winner in the key's manifest, ``meta_json`` a JSON object, and the record text rebuilt from the columns
-(:func:`record_body`) against the stored ``checksum``. The trial rows of every decision become the JSON text that
-Redis and the local cache store, built column-wise (rows with characters JSON escapes, non-finite numbers or
-extra fields are encoded by :mod:`json` instead).
+parts and strictly increasing, ``meta_json`` a JSON object), its record texts are built column-wise (the canonical
+JSON ``record_body`` gives, strings escaped as json.dumps escapes them), then each row is checked in one tight
+loop: the key's sha256 against ``key_hash``, the key's manifest and accuracy parts (once per distinct value), the
+winner in the manifest, and the sha256 of the record text against the stored ``checksum``. The trial rows of every
+decision become the JSON text that Redis and the local cache store, built column-wise, each distinct string once
+(rows with characters JSON escapes, non-finite numbers or extra fields are encoded by :mod:`json` instead).
 """
 
 from __future__ import annotations
