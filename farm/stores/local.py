@@ -251,8 +251,8 @@ class LocalStore:
         """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): each record with
         its trial rows, the fingerprint text and the problem index; all of it is written or none of it. Returns,
         per batch, (replaced, "new" | "replaced" | "kept: ...") per decision. A key published twice keeps the
-        winner of the two. Stored records are looked up ``_BATCH`` keys at a time; rows are written with one
-        statement per table, in key order (the B-trees fill in order)."""
+        winner of the two. Stored records are looked up ``_BATCH`` keys at a time; rows are written in key order
+        (the B-trees fill in order), many per statement."""
         results: list[list[tuple[bool, str]]] = []
         staged: dict[bytes, tuple[bool, float, str, str, str | None, str]] = {}  # what each touched key will hold
         stored: set[bytes] = set()  # keys with a row to delete first
