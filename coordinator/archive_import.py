@@ -1,36 +1,35 @@
 """``farm archive import``: verified archives into Redis or a local cache, under the replacement rule.
 
 Every archive is read and verified completely (``farm.stores.archive.read_archive``) and the fingerprint rule
-applied before anything is written: a bad archive imports nothing. Writing goes through the stores' one
-publication function with the same arguments the coordinator's sinks use: into Redis, ``farm_publish`` calls
-pipelined ``BATCH`` at a time, one MULTI/EXEC transaction per batch (each call is idempotent under the replacement
-rule: a server failure mid-import leaves whole batches applied, and re-running the import completes it); into a
-local cache, ONE SQLite transaction for everything (all or nothing).
+applied before anything is written: a bad archive imports nothing. The verified decisions are published column by
+column (``PublicationBatch``, no record objects), one batch per archive, under the stores' replacement rule: into
+Redis by ``farm.stores.redis_batch.publish_batch`` (a thousand decisions per MULTI/EXEC, judged
+by publish.lua's rule; a server failure mid-import leaves whole transactions applied, and re-running the import
+completes it, every publication being idempotent under the rule); into a local cache by
+``LocalStore.publish_batches``, ONE SQLite transaction for everything (all or nothing).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from farm.environment import fingerprint_digest
 from farm.stores.archive import (
     Archive,
-    ArchiveEntry,
     ArchiveError,
+    ArchiveRows,
     archive_folders,
     decision_row,
     read_archive,
     rekey,
 )
-from farm.stores.base import Publication
+from farm.stores.base import PublicationBatch
 from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions
+from farm.stores.redis_batch import publish_batch
 from farm_coordinator.archive_export import select_fingerprints
-
-BATCH = 2000
 
 
 @dataclass
@@ -55,21 +54,23 @@ def load_archives(path: Path | str) -> list[Archive]:
 
 
 def _plan(archives: Sequence[Archive], target: Callable[[Archive], str], force: bool,
-          target_name: str) -> list[tuple[Archive, str, list[ArchiveEntry]]]:
+          target_name: str) -> list[tuple[Archive, str, PublicationBatch]]:
     plans = []
     for archive in archives:
         fingerprint = target(archive)
-        entries = list(archive.entries.values())
+        rows = archive.rows
         if fingerprint != archive.fingerprint:
             if not force:
                 raise ArchiveError(
                     f"{archive.path}: fingerprint mismatch: the archive's fingerprint is {archive.digest}, "
                     f"{target_name} is {fingerprint_digest(fingerprint)}; nothing imported "
                     f"(--force re-keys the decisions to the target's fingerprint)")
-            entries = [rekey(e, fingerprint) for e in entries]
-            for e in entries:
+            rows = ArchiveRows()
+            for entry, trials in zip(archive.entries.values(), archive.rows.trials, strict=True):
+                e = rekey(entry, fingerprint)
                 decision_row(e.record, e.problem_id)  # the re-keyed records stay valid archive rows
-        plans.append((archive, fingerprint, entries))
+                rows.add(e.record, e.record.to_json(), e.problem_id, trials)
+        plans.append((archive, fingerprint, rows.batch(fingerprint)))
     return plans
 
 
@@ -94,11 +95,6 @@ def _redis_target(decisions: RedisDecisions, wanted: str | None) -> Callable[[Ar
     return target
 
 
-def _publications(target: str, entries: list[ArchiveEntry]) -> Iterator[Publication]:
-    for e in entries:
-        yield Publication(e.record, target, e.problem_id or "", e.trials, e.text)
-
-
 def _count(result: ImportResult, replies: list[tuple[bool, str]]) -> ImportResult:
     for replaced, reason in replies:
         if not replaced:
@@ -112,26 +108,25 @@ def _count(result: ImportResult, replies: list[tuple[bool, str]]) -> ImportResul
 
 def import_redis(archives: Sequence[Archive], decisions: RedisDecisions, fingerprint: str | None = None,
                  force: bool = False) -> list[ImportResult]:
-    """Publish every decision of ``archives`` (already verified) through ``farm_publish``, in batches."""
+    """Publish every decision of ``archives`` (already verified) under the replacement rule, a thousand per
+    transaction."""
     import redis
 
     plans = _plan(archives, _redis_target(decisions, fingerprint), force, "the target fingerprint")
-    total = sum(len(entries) for _, _, entries in plans)
+    total = sum(len(batch) for _, _, batch in plans)
     applied = 0
     results = []
-    for archive, target, entries in plans:
+    for archive, target, batch in plans:
         result = ImportResult(archive.path, archive.digest, fingerprint_digest(target),
-                              target != archive.fingerprint, len(entries))
-        pending = _publications(target, entries)
-        while chunk := list(itertools.islice(pending, BATCH)):
-            try:
-                replies = decisions.publish_many(chunk, batch=BATCH)
-            except redis.ResponseError as e:
-                what = "nothing was imported" if not applied else f"{applied} of {total} publications were applied"
-                raise ArchiveError(f"Redis refused the import ({what}): {e}") from None
-            applied += len(chunk)
-            _count(result, replies)
-        results.append(result)
+                              target != archive.fingerprint, len(batch))
+        try:
+            replies = publish_batch(decisions, batch)
+        except redis.ResponseError as e:
+            what = "the archives before it: nothing" if not applied else f"{applied} of {total} publications"
+            raise ArchiveError(f"Redis refused the import of archive {archive.digest} (applied: {what}, and its "
+                               f"transactions before the refused one): {e}") from None
+        applied += len(batch)
+        results.append(_count(result, replies))
     return results
 
 
@@ -146,14 +141,9 @@ def import_cache(archives: Sequence[Archive], directory: Path | str, fingerprint
         raise ArchiveError(f"{directory}: not a directory; nothing imported")
     store = LocalStore(directory, owner=FARM)
     try:
-        replies = store.publish_many(pub for _, target, entries in plans for pub in _publications(target, entries))
+        replies = store.publish_batches(batch for _, _, batch in plans)
     finally:
         store.close()
-    results = []
-    at = 0
-    for archive, target, entries in plans:
-        result = ImportResult(archive.path, archive.digest, fingerprint_digest(target),
-                              target != archive.fingerprint, len(entries))
-        results.append(_count(result, replies[at : at + len(entries)]))
-        at += len(entries)
-    return results
+    return [_count(ImportResult(archive.path, archive.digest, fingerprint_digest(target),
+                                target != archive.fingerprint, len(batch)), found)
+            for (archive, target, batch), found in zip(plans, replies, strict=True)]

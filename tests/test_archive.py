@@ -165,7 +165,10 @@ def test_the_trial_columns_are_the_coordinators_trial_fields_and_keys_are_named_
     assert arc.TRIAL_FIELDS == TRIAL_FIELDS
     key = key_for(FP_A, "n=1")
     assert arc.key_sha256(key) == field_for(key)
-    assert arc.DECISION_FIELDS[:11] == ("key_sha256", "cache_key", *arc.KEY_PARTS)
+    # Schema 2 stores the key's parts (the environment is the manifest's fingerprint), never the key or its hash.
+    assert arc.DECISION_FIELDS[:7] == tuple(p for p in arc.KEY_PARTS if p not in ("environment",
+                                                                              "reference_position"))
+    assert not {"key_sha256", "cache_key", "record_json", "environment"} & set(arc.DECISION_FIELDS)
 
 
 def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path):
@@ -174,7 +177,7 @@ def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path
     assert folder == tmp_path / fingerprint_digest(FP_A)
     assert sorted(p.name for p in folder.iterdir()) == ["decisions.parquet", "manifest.json", "trials.parquet"]
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == 2 == arc.ARCHIVE_SCHEMA_VERSION
     assert manifest["fingerprint"] == FP_A and manifest["digest"] == fingerprint_digest(FP_A)
     assert manifest["rows"] == {"decisions": 1, "trials": 4}
     for name in arc.DATA_FILES:
@@ -182,10 +185,23 @@ def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path
     row = pq.read_table(folder / "decisions.parquet").to_pylist()[0]
     schema = pq.read_schema(folder / "decisions.parquet")
     assert schema.field("winner_index").type == pa.int32() and schema.field("ratio").type == pa.float64()
-    assert schema.field("verified").type == pa.bool_() and schema.field("samples").type == pa.int32()
-    assert row["record_json"] == e.record.to_json()
-    assert (row["winner"], row["reference"], row["operation"], row["samples"]) == ("fast", "ref", "scale", 5)
-    assert row["accuracy_key"] == POLICY.accuracy_key() and row["environment"] == FP_A
+    assert schema.field("verified").type == pa.bool_() and schema.field("checksum").type == pa.binary(32)
+    assert schema.field("key_hash").type == pa.int64()
+    text = e.record.to_json()
+    assert row["meta_json"] == arc.canonical_json(dict(e.record.meta)) and row["checksum"].hex() == text[-66:-2]
+    body = arc.record_body(e.record.cache_key, row["created"], row["winner_index"], row["meta_json"], row["winner"],
+                           row["ratio"], row["reference_index"], row["verified"])
+    assert body[:-1] + ',"checksum":"' + hashlib.sha256(body.encode()).hexdigest() + '"}' == text
+    assert row["key_hash"] == int.from_bytes(hashlib.sha256(e.record.cache_key.encode()).digest()[:8], "big",
+                                             signed=True)
+    assert (row["winner"], row["winner_index"], row["reference_index"]) == ("fast", 1, 0)
+    assert row["accuracy_key"] == POLICY.accuracy_key() and row["workload"] == "n=1"
+    assert row["problem_id"] == e.problem_id
+    trials = pq.read_table(folder / "trials.parquet").to_pylist()
+    assert [t["decision"] for t in trials] == [0, 0, 0, 0]
+    assert [{k: v for k, v in t.items() if k not in ("decision", "extra_json")} for t in trials] == list(e.trials)
+    (read,) = arc.read_archive(folder).entries.values()
+    assert read == e and read.text == text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
 
@@ -537,17 +553,41 @@ def _bad_sha(folder: Path) -> None:
     edit_manifest(folder, lambda m: m["sha256"].__setitem__(arc.DECISIONS_FILE, "0" * 64))
 
 
-def _winner_in_record_json(folder: Path) -> None:
+def row_key(row: dict[str, object], fingerprint: str) -> str:
+    """The cache key a schema 2 row stands for."""
+    return fields([row["key_version"], row["scope"], row["operation_key"], fingerprint, row["workload"],
+                   row["execution_context"], str(row["reference_index"]), row["manifest"], row["accuracy_key"]])
+
+
+def resealed_row(row: dict[str, object], fingerprint: str = FP_A) -> dict[str, object]:
+    """The row with a checksum and key hash recomputed from its columns (an edit a reader must still refuse)."""
+    key = row_key(row, fingerprint)
+    body = arc.record_body(key, row["created"], row["winner_index"], row["meta_json"], row["winner"], row["ratio"],
+                           row["reference_index"], row["verified"])
+    digest = hashlib.sha256(key.encode()).digest()
+    return {**row, "checksum": hashlib.sha256(body.encode()).digest(),
+            "key_hash": int.from_bytes(digest[:8], "big", signed=True)}
+
+
+def v2_row(e: arc.ArchiveEntry, fingerprint: str) -> dict[str, object]:
+    from farm.stores.archive.writer import decision_values
+
+    return dict(zip(arc.DECISION_FIELDS, decision_values(e, fingerprint), strict=True))
+
+
+def _edit_meta(folder: Path) -> None:
     def change(rows):
-        rows[0]["record_json"] = rows[0]["record_json"].replace('"name":"fast"', '"name":"other"')
+        rows[0]["meta_json"] = rows[0]["meta_json"].replace('"run":"run-1"', '"run":"run-2"')
         return rows
     edit_rows(folder, arc.DECISIONS_FILE, change)
 
 
-def _set_column(column: str, value: object):
+def _set_column(column: str, value: object, reseal_row: bool = False):
     def corrupt(folder: Path) -> None:
         def change(rows):
             rows[0][column] = value
+            if reseal_row:
+                rows[0] = resealed_row(rows[0])
             return rows
         edit_rows(folder, arc.DECISIONS_FILE, change)
     return corrupt
@@ -555,30 +595,25 @@ def _set_column(column: str, value: object):
 
 def _duplicate_conflicting(folder: Path) -> None:
     def change(rows):
-        other = make_record(rows[0]["cache_key"], winner=2, created=5000.0)
-        return [*rows, {**arc.decision_row(other, rows[0]["problem_id"])}]
-    edit_rows(folder, arc.DECISIONS_FILE, change)
-
-
-def _record_out_of_range(folder: Path) -> None:
-    def change(rows):
-        bad = make_record(rows[0]["cache_key"], ratio=-1.0)
-        rows[0] = {**rows[0], "record_json": bad.to_json(), "ratio": 2.0}  # a valid checksum over a bad value
-        return rows
+        other = arc.ArchiveEntry(make_record(key_for(FP_A, "n=2"), winner=2, created=5000.0), "p")
+        return [*rows, v2_row(other, FP_A)]
     edit_rows(folder, arc.DECISIONS_FILE, change)
 
 
 def _foreign_record(folder: Path) -> None:
     def change(rows):
-        stranger = make_record(key_for(FP_B, "n=1"))
-        return [*rows, arc.decision_row(stranger, None)]
+        return [*rows, v2_row(arc.ArchiveEntry(make_record(key_for(FP_B, "n=9"))), FP_B)]
     edit_rows(folder, arc.DECISIONS_FILE, change)
 
 
 def _orphan_trial(folder: Path) -> None:
     def change(rows):
-        return [*rows, {**rows[0], "key_sha256": "f" * 64}]
+        return [*rows, {**rows[0], "decision": 99}]
     edit_rows(folder, arc.TRIALS_FILE, change)
+
+
+def _trials_out_of_order(folder: Path) -> None:
+    edit_rows(folder, arc.TRIALS_FILE, lambda rows: rows[4:] + rows[:4])
 
 
 def _negative_seconds(folder: Path) -> None:
@@ -590,8 +625,9 @@ def _negative_seconds(folder: Path) -> None:
 
 def _wrong_type(folder: Path) -> None:
     table = pq.read_table(folder / arc.DECISIONS_FILE)
-    i = table.schema.get_field_index("samples")
-    table = table.set_column(i, pa.field("samples", pa.string()), pa.array(["5"] * table.num_rows))
+    i = table.schema.get_field_index("winner_index")
+    table = table.set_column(i, pa.field("winner_index", pa.string(), nullable=False),
+                             pa.array(["1"] * table.num_rows))
     pq.write_table(table, folder / arc.DECISIONS_FILE)
     reseal(folder)
 
@@ -599,23 +635,42 @@ def _wrong_type(folder: Path) -> None:
 CORRUPTIONS = {
     "truncated parquet": (_truncate, "decisions.parquet.*bytes.*truncated"),
     "truncated parquet with a resealed manifest": (_truncate_resealed, "trials.parquet: not a readable Parquet"),
-    "wrong schema version": (lambda f: edit_manifest(f, lambda m: m.update(schema_version=2)),
-                             "manifest.json: field 'schema_version' = 2"),
+    "unknown schema version": (lambda f: edit_manifest(f, lambda m: m.update(schema_version=3)),
+                               "manifest.json: field 'schema_version' = 3: this farm reads archive schema versions "
+                               "1 and 2 only"),
     "manifest sha256 mismatch": (_bad_sha, "decisions.parquet: sha256 .* 'sha256.decisions.parquet'"),
-    "edited winner in record_json": (_winner_in_record_json, "row 0 .*column 'record_json': checksum mismatch"),
-    "edited winner column": (_set_column("winner", "other"), "row 0 .*column 'winner' = 'other' disagrees"),
-    "edited created column": (_set_column("created", 1.5), "column 'created' = 1.5 disagrees"),
+    "edited meta_json": (_edit_meta, "decisions.parquet: row 0 .*column 'checksum' = [0-9a-f]{12}… is not the "
+                                     "sha256 of the record rebuilt"),
+    "edited winner column": (_set_column("winner", "other"),
+                             "row 0 .*column 'winner' = 'other' is not candidate 1 of the key \\('fast'\\)"),
+    "edited created column": (_set_column("created", 1.5), "row 0 .*column 'checksum'"),
+    "edited key_hash": (_set_column("key_hash", 7), "row 0 .*column 'key_hash' = 7 is not the sha256"),
+    "edited workload (a key no longer sorted)": (_set_column("workload", "n=9", reseal_row=True),
+                                                 "row 1 .*keys out of order"),
     "wrong fingerprint in the manifest": (lambda f: edit_manifest(f, lambda m: m.update(fingerprint=FP_B)),
                                           "field 'digest' .* is not the digest of field 'fingerprint'"),
-    "a record of another fingerprint": (_foreign_record, "column 'environment': the key's fingerprint"),
+    "a record of another fingerprint": (_foreign_record, "row 2 .*column 'key_hash' = -?[0-9]+ is not the sha256"),
     "duplicate keys with conflicting rows": (_duplicate_conflicting, "row 2 .*(duplicate key|keys out of order)"),
     "ratio <= 0": (_set_column("ratio", 0.0), "column 'ratio' = 0.0 is out of range"),
     "ratio NaN": (_set_column("ratio", math.nan), "column 'ratio' = nan is out of range"),
     "negative index": (_set_column("winner_index", -1), "column 'winner_index' = -1 is out of range"),
-    "out-of-range record with a valid checksum": (_record_out_of_range, "record_json': out-of-range values"),
+    "winner index past the candidates": (_set_column("winner_index", 7, reseal_row=True),
+                                         "column 'winner_index' = 7 is out of range for the key's 3 candidates"),
+    "another key version": (_set_column("key_version", "farm-stack-key-v0", reseal_row=True),
+                            "column 'key_version' = 'farm-stack-key-v0': this farm reads farm-stack-key-v1 keys"),
+    "a malformed candidate manifest": (_set_column("manifest", "3:abc", reseal_row=True),
+                                       "column 'manifest' = '3:abc' is not a candidate manifest"),
+    "meta_json not JSON, with a valid checksum": (_set_column("meta_json", '{"run":"x",}', reseal_row=True),
+                                                  "row 0 .*column 'meta_json' is not JSON"),
+    "meta_json not an object, with a valid checksum": (_set_column("meta_json", '[{"run":"x"}]', reseal_row=True),
+                                                       "row 0 .*column 'meta_json' is a list, not an object"),
+    "meta_json of two objects on one line": (_set_column("meta_json", '{"a":1}{"b":2}', reseal_row=True),
+                                             "row 0 .*column 'meta_json' is not JSON: Extra data"),
     "negative trial seconds": (_negative_seconds, "trials.parquet: row 0: column 'reference_seconds'"),
-    "orphan trial row": (_orphan_trial, "trials.parquet: row 8: column 'key_sha256' = ffffffffffff"),
-    "wrong column type": (_wrong_type, "column 'samples' is string, expected int32"),
+    "orphan trial row": (_orphan_trial, "trials.parquet: row 8: column 'decision' = 99 names no row of "
+                                        "decisions.parquet \\(2 rows\\)"),
+    "trial rows out of order": (_trials_out_of_order, "trials.parquet: row 4: column 'decision' = 0: rows out of order"),
+    "wrong column type": (_wrong_type, "column 'winner_index' is string not null, expected int32 not null"),
     "missing file": (lambda f: (f / arc.TRIALS_FILE).unlink(), "trials.parquet: missing"),
 }
 

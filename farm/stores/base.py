@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -118,11 +118,14 @@ class DecisionRecord:
 def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:
     """The replacement rule of every shared tier (Redis, archives): a verified record beats an unverified one;
     otherwise the newer one (by ``created``) wins, ties going to the newcomer. Mirrored in ``publish.lua``."""
-    if old is None:
-        return True
-    if old.verified != new.verified:
-        return new.verified
-    return new.created >= old.created
+    return old is None or outranks(new.verified, new.created, old.verified, old.created)
+
+
+def outranks(verified: bool, created: float, old_verified: bool, old_created: float) -> bool:
+    """:func:`replaces` on the two fields it reads (for publications that carry no record object)."""
+    if old_verified != verified:
+        return verified
+    return created >= old_created
 
 
 def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -195,3 +198,49 @@ class DecisionStore(Protocol):
     def put(self, record: DecisionRecord) -> None: ...
 
     def delete(self, cache_key: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class PublicationBatch:
+    """Decisions of ONE fingerprint published together, column by column (an archive import's form: no record
+    objects are built). Every sequence holds one value per decision: ``texts`` the :meth:`DecisionRecord.to_json`
+    text (already verified), ``cache_keys`` and ``digests`` its key and the key's :func:`key_hash`, ``verified``,
+    ``created`` and ``names`` (the winner) its fields, ``runs`` its ``meta.run`` as an update event shows it,
+    ``problem_ids`` the problem id to index it under (None or "" for none), ``trials`` the JSON list of its trial
+    rows ("" for none)."""
+
+    fingerprint: str
+    cache_keys: Sequence[str]
+    digests: Sequence[bytes]
+    texts: Sequence[str]
+    verified: Sequence[bool]
+    created: Sequence[float]
+    names: Sequence[str]
+    runs: Sequence[str]
+    problem_ids: Sequence[str | None]
+    trials: Sequence[str]
+
+    @classmethod
+    def of(cls, fingerprint: str, publications: Sequence[Publication]) -> PublicationBatch:
+        """The batch of publications (all of ``fingerprint``; fences are not carried)."""
+        records = [p.record for p in publications]
+        return cls(fingerprint, [r.cache_key for r in records], [key_hash(r.cache_key) for r in records],
+                   [p.json for p in publications], [r.verified for r in records], [r.created for r in records],
+                   [r.name for r in records], [event_run(r.meta.get("run")) for r in records],
+                   [p.problem_id for p in publications], [p.trials_json for p in publications])
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def event_run(value: Any) -> str:
+    """``meta.run`` as a Redis update event shows it (``tostring(meta['run'] or '')`` in publish.lua)."""
+    if isinstance(value, str):
+        return value
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return "true"
+    if isinstance(value, int | float):
+        return f"{float(value):.14g}"  # Lua's number format
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -31,7 +31,7 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
-from farm.stores.base import DecisionRecord, Publication, key_hash, replaces
+from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash, outranks
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
 from farm.stores.migrate import legacy_files, migrate, replace_row
@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
+PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
 _BATCH = 1000
+_ROWS = 199  # rows per multi-row statement: 5 values each, within SQLite's oldest limit of 999 variables
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -129,6 +131,7 @@ class LocalStore:
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (a new file only) fewer pages and overflows per record
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
             conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
@@ -237,50 +240,69 @@ class LocalStore:
         return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials))])[0]
 
     def publish_many(self, publications: Iterable[Publication]) -> list[tuple[bool, str]]:
-        """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): the record with
-        its trial rows, the fingerprint text and the problem index. Returns (replaced, "new" | "replaced" |
-        "kept: ...") per publication; all of it is written or none of it. Stored records are looked up and
-        rows written ``_BATCH`` at a time."""
-        results: list[tuple[bool, str]] = []
-        chosen: dict[bytes, tuple[Publication, str]] = {}  # what each touched key will hold
+        """Publish farm decisions in ONE transaction (see :meth:`publish_batches`); returns (replaced, "new" |
+        "replaced" | "kept: ...") per publication."""
+        pubs = list(publications)
+        runs = [list(group) for _, group in itertools.groupby(pubs, key=lambda p: p.fingerprint)]
+        results = self.publish_batches([PublicationBatch.of(run[0].fingerprint, run) for run in runs])
+        return [reply for batch in results for reply in batch]
+
+    def publish_batches(self, batches: Iterable[PublicationBatch]) -> list[list[tuple[bool, str]]]:
+        """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): each record with
+        its trial rows, the fingerprint text and the problem index; all of it is written or none of it. Returns,
+        per batch, (replaced, "new" | "replaced" | "kept: ...") per decision. A key published twice keeps the
+        winner of the two. Stored records are looked up ``_BATCH`` keys at a time; rows are written in key order
+        (the B-trees fill in order), many per statement."""
+        results: list[list[tuple[bool, str]]] = []
+        staged: dict[bytes, tuple[bool, float, str, str, str | None, str]] = {}  # what each touched key will hold
         stored: set[bytes] = set()  # keys with a row to delete first
-        digests: dict[str, str] = {}
+        fingerprints: dict[str, str] = {}
+        kept = (False, "kept: the stored record wins under the replacement rule")
         with self._write() as conn:
-            pending = iter(publications)
-            while chunk := list(itertools.islice(pending, _BATCH)):
-                keys = [key_hash(pub.record.cache_key) for pub in chunk]
-                unseen = list({k for k in keys if k not in chosen})
-                old_rows = dict(conn.execute(
-                    f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})", unseen
-                ).fetchall()) if unseen else {}
-                stored.update(old_rows)
-                for pub, key in zip(chunk, keys, strict=True):
-                    held = chosen.get(key)
-                    old: DecisionRecord | None = held[0].record if held is not None else None
-                    if held is None and key in old_rows:
-                        with contextlib.suppress(CorruptRecord):
-                            old = DecisionRecord.from_json(old_rows[key], expected_key=pub.record.cache_key)
-                    if not replaces(pub.record, old):
-                        results.append((False, "kept: the stored record wins under the replacement rule"))
-                        continue
-                    digest = digests.get(pub.fingerprint)
-                    if digest is None:
-                        digest = digests[pub.fingerprint] = fingerprint_digest(pub.fingerprint)
-                    chosen[key] = (pub, digest)
-                    results.append((True, "new" if held is None and key not in old_rows else "replaced"))
-            conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)",
-                             [(d, text) for text, d in digests.items()])
-            items = list(chosen.items())
-            for at in range(0, len(items), _BATCH):
-                part = items[at : at + _BATCH]
-                conn.executemany("DELETE FROM decisions WHERE key = ?", [(k,) for k, _ in part if k in stored])
-                conn.executemany(
-                    "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
-                    [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part])
-                conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)",
-                                 [(k, p.trials_json or "[]") for k, (p, _) in part])
-                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
-                                 [(d, p.problem_id, k) for k, (p, d) in part if p.problem_id])
+            for batch in batches:
+                digest = fingerprint_digest(batch.fingerprint)
+                replies: list[tuple[bool, str]] = []
+                keys, verified, created = batch.digests, batch.verified, batch.created
+                for at in range(0, len(batch), _BATCH):
+                    unseen = list({k for k in keys[at : at + _BATCH] if k not in staged})
+                    old_rows = dict(conn.execute(
+                        f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})", unseen
+                    ).fetchall()) if unseen else {}
+                    stored.update(old_rows)
+                    for i in range(at, min(at + _BATCH, len(batch))):
+                        key = keys[i]
+                        held = staged.get(key)
+                        if held is not None:
+                            if not outranks(verified[i], created[i], held[0], held[1]):
+                                replies.append(kept)
+                                continue
+                        elif key in old_rows:
+                            with contextlib.suppress(CorruptRecord):
+                                old = DecisionRecord.from_json(old_rows[key], expected_key=batch.cache_keys[i])
+                                if not outranks(verified[i], created[i], old.verified, old.created):
+                                    replies.append(kept)
+                                    continue
+                        staged[key] = (verified[i], created[i], digest, batch.texts[i], batch.problem_ids[i] or None,
+                                       batch.trials[i])
+                        replies.append((True, "new" if held is None and key not in old_rows else "replaced"))
+                fingerprints[digest] = batch.fingerprint
+                results.append(replies)
+            conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", fingerprints.items())
+            items = sorted(staged.items())
+            # Many rows per statement: a statement on this table runs the count triggers, so SQLite keeps a
+            # statement journal of the pages it changes (the counts page included) for each statement.
+            gone = [k for k, _ in items if k in stored]
+            for at in range(0, len(gone), _ROWS):
+                part = gone[at : at + _ROWS]
+                conn.execute(f"DELETE FROM decisions WHERE key IN ({','.join('?' * len(part))})", part)
+            for at in range(0, len(items), _ROWS):
+                rows = items[at : at + _ROWS]
+                conn.execute("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES "
+                             + ",".join(["(?, ?, ?, ?, ?)"] * len(rows)),
+                             [value for k, v in rows for value in (k, FARM, v[1], v[4], v[3])])
+            conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)", [(k, v[5] or "[]") for k, v in items])
+            conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
+                             [(v[2], v[4], k) for k, v in items if v[4]])
         return results
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:

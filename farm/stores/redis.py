@@ -198,30 +198,35 @@ class RedisDecisions:
         """Publish through ``farm_publish``, ``batch`` calls per MULTI/EXEC transaction (pipelined: one round
         trip per batch); return (replaced, reason) per publication. A refused call raises ``redis.ResponseError``
         after its batch: earlier batches stay applied (each call is idempotent under the replacement rule)."""
+        results: list[tuple[bool, str]] = []
+        pending = iter(publications)
+        while chunk := list(itertools.islice(pending, batch)):
+            results += self.publish_calls([self._publish_args(pub) for pub in chunk])
+        return results
+
+    def publish_calls(self, calls: list[tuple[list[str], list[str]]]) -> list[tuple[bool, str]]:
+        """``farm_publish`` with these keys and arguments, in one MULTI/EXEC (loading the function first)."""
         import redis
 
         if not self._function_loaded:
             self.load_function()
-        results: list[tuple[bool, str]] = []
-        pending = iter(publications)
-        while chunk := list(itertools.islice(pending, batch)):
-            replies = self._execute(chunk)
-            if any(isinstance(r, redis.ResponseError) and "Function not found" in str(r) for r in replies):
-                self.load_function()  # the server restarted without it: every call of the batch failed alike
-                replies = self._execute(chunk)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-                replaced, reason = reply
-                results.append((bool(replaced), str(reason)))
+        replies = self._execute(calls)
+        if any(isinstance(r, redis.ResponseError) and "Function not found" in str(r) for r in replies):
+            self.load_function()  # the server restarted without it: every call of the batch failed alike
+            replies = self._execute(calls)
+        results = []
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+            replaced, reason = reply
+            results.append((bool(replaced), str(reason)))
         return results
 
-    def _execute(self, chunk: list[Publication]) -> list[Any]:
+    def _execute(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
         """One MULTI/EXEC of ``farm_publish`` calls (one call: no transaction), packed here: redis-py's generic
         per-argument packing costs more than the server's work for a batch. Error replies come back in place."""
         commands = []
-        for pub in chunk:
-            keys, args = self._publish_args(pub)
+        for keys, args in calls:
             commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
         pool = self.client.connection_pool
         try:
@@ -229,7 +234,7 @@ class RedisDecisions:
         except TypeError:  # redis-py before 5.3 needs a command name
             conn = pool.get_connection("FCALL")
         try:
-            if len(chunk) == 1:
+            if len(calls) == 1:
                 conn.send_packed_command([commands[0]])
                 try:
                     return [conn.read_response()]
@@ -238,7 +243,7 @@ class RedisDecisions:
             conn.send_packed_command([b"".join([_resp([b"MULTI"]), *commands, _resp([b"EXEC"])])])
             conn.read_response()  # +OK
             queued = []
-            for _ in chunk:
+            for _ in calls:
                 try:
                     queued.append(conn.read_response())
                 except redis_module().ResponseError as e:

@@ -1,10 +1,13 @@
 """Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
 
-``schema`` (files, columns, the row of a decision), ``writer`` (atomic folders), ``reader`` and ``checks``
-(verifying, hostile-file safe, batched) and ``store`` (the runtime's read-only fleet tier). The fleet-side operations (export, import,
-merge, diff) live in ``farm_coordinator.archive``. pyarrow is imported lazily.
+``schema`` (files, columns, the record text of a row), ``writer`` (schema 2, atomic folders), ``files`` (hostile-file
+safe reading), ``reader``, ``rows`` and ``checks`` (verifying, batched, column-wise where it can), ``v1`` (schema 1,
+read only), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's read-only fleet
+tier). The fleet-side operations (export, import, merge, diff) live in ``farm_coordinator.archive``. pyarrow is
+imported lazily.
 """
 
+from farm.stores.archive.derived import check_ranges, decision_row
 from farm.stores.archive.reader import (
     Archive,
     archive_folders,
@@ -13,6 +16,7 @@ from farm.stores.archive.reader import (
     read_manifest,
     read_regular,
 )
+from farm.stores.archive.rows import ArchiveRows
 from farm.stores.archive.schema import (
     ARCHIVE_SCHEMA_VERSION,
     DATA_FILES,
@@ -21,6 +25,7 @@ from farm.stores.archive.schema import (
     DECISIONS_FILE,
     KEY_PARTS,
     MANIFEST_FILE,
+    READABLE_VERSIONS,
     ROW_GROUP_ROWS,
     TRIAL_COLUMNS,
     TRIAL_FIELDS,
@@ -29,8 +34,7 @@ from farm.stores.archive.schema import (
     ArchiveEntry,
     ArchiveError,
     arrow_schema,
-    check_ranges,
-    decision_row,
+    record_body,
     record_text,
     rekey,
 )
@@ -40,9 +44,9 @@ from farm.stores.base import canonical_json, key_sha256
 
 __all__ = [
     "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",
-    "KEY_PARTS", "MANIFEST_FILE", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
-    "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveStore", "WrittenArchive",
-    "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row", "is_archive",
-    "key_sha256", "read_archive", "read_manifest", "read_regular", "record_text", "rekey", "swap_directory",
-    "write_archive",
+    "KEY_PARTS", "MANIFEST_FILE", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
+    "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveRows", "ArchiveStore",
+    "WrittenArchive", "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row",
+    "is_archive", "key_sha256", "read_archive", "read_manifest", "read_regular", "record_body", "record_text",
+    "rekey", "swap_directory", "write_archive",
 ]

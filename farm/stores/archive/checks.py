@@ -5,16 +5,20 @@ Each raises ArchiveError naming the file, the first bad row and the column.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from farm.errors import ArchiveError
+from farm.identity import KEY_VERSION
 from farm.stores.archive.schema import KEY_PARTS, _short
 
 
 def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | None:
-    """Columnar: every ``key_sha256`` is 64 lowercase hex digits and greater than the one before it (the writer
-    sorts them: a repeat is a duplicate key). Returns the last key."""
+    """Schema 1, columnar: every ``key_sha256`` is 64 lowercase hex digits and greater than the one before it
+    (the writer sorts them: a repeat is a duplicate key). Returns the last key."""
     import pyarrow.compute as pc
 
     if len(keys) == 0:
@@ -23,6 +27,18 @@ def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | No
     if pc.any(bad).as_py():
         i = pc.index(bad, True).as_py()
         raise ArchiveError(f"{path}: row {at + i}: column 'key_sha256' = {_short(keys[i].as_py())} is not a sha256")
+    return check_order(path, keys, at, previous, lambda key: key[:12])
+
+
+def check_order(path: Path, keys: Any, at: int, previous: str | None,
+                label: Callable[[str], str] | None = None) -> str | None:
+    """Columnar: every key is greater than the one before it (the writer sorts the rows: a repeat is a duplicate
+    key), ``previous`` being the last key of the batch before. Returns the last key. ``label``: how a key is
+    named in the error (default: the first digits of its sha256)."""
+    import pyarrow.compute as pc
+
+    if len(keys) == 0:
+        return previous
     order = pc.less_equal(keys[1:], keys[:-1]) if len(keys) > 1 else None
     first = keys[0].as_py()
     if previous is not None and first <= previous:
@@ -34,19 +50,15 @@ def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | No
         return str(keys[-1].as_py())
     before = previous if i == 0 else keys[i - 1].as_py()
     what = "duplicate key" if key == before else "keys out of order (the writer sorts them)"
-    raise ArchiveError(f"{path}: row {at + i} (key {key[:12]}): {what}: refused")
+    name = label(key) if label is not None else hashlib.sha256(key.encode()).hexdigest()[:12]
+    raise ArchiveError(f"{path}: row {at + i} (key {name}): {what}: refused")
 
 
 def check_key_parts(path: Path, batch: Any, at: int) -> None:
-    """Columnar: the key-part columns, length-delimited and joined, are exactly column ``cache_key``."""
-    import pyarrow as pa
+    """Schema 1, columnar: the key-part columns, length-delimited and joined, are exactly column ``cache_key``."""
     import pyarrow.compute as pc
 
-    encoded = []
-    for name in KEY_PARTS:
-        column = batch.column(name)
-        encoded.append(pc.binary_join_element_wise(pc.cast(pc.binary_length(column), pa.string()), column, ":"))
-    joined = pc.binary_join_element_wise(*encoded, "")
+    joined = join_fields([batch.column(name) for name in KEY_PARTS])
     wrong = pc.fill_null(pc.not_equal(joined, batch.column("cache_key")), True)
     i = pc.index(wrong, True).as_py()
     if i >= 0:
@@ -54,23 +66,93 @@ def check_key_parts(path: Path, batch: Any, at: int) -> None:
                            f"column 'cache_key'")
 
 
-def check_decision_ranges(path: Path, batch: Any, at: int) -> None:
-    """Columnar range checks of a batch of decision rows (ArchiveError naming the first bad row)."""
+def per_value(column: Any, function: Callable[[Any], Any]) -> Any:
+    """``function`` of a column, computed once per distinct value when the column is dictionary-encoded."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        return function(column.dictionary).take(column.indices)
+    return function(column)
+
+
+def join_fields(parts: list[Any], json_text: bool = False) -> Any:
+    """Columnar ``farm.encoding.fields``: each part (a string column or a str) as ``<UTF-8 length>:<text>``,
+    joined. ``json_text``: the joined text as it appears inside a JSON string (json.dumps' escapes)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def encode(values: Any) -> Any:
+        text = json_escaped(values) if json_text else values
+        return pc.binary_join_element_wise(pc.cast(pc.binary_length(values), pa.string()), text, ":")
+
+    encoded = [pa.scalar(f"{len(part.encode())}:{_escape(part) if json_text else part}") if isinstance(part, str)
+               else per_value(part, encode) for part in parts]
+    return pc.binary_join_element_wise(*encoded, "")
+
+
+_escape_string = json.encoder.encode_basestring_ascii  # json.dumps' own string form
+
+
+def _escape(text: str) -> str:
+    return str(_escape_string(text))[1:-1]
+
+
+_PLAIN_JSON = "^[\\x20-\\x21\\x23-\\x5b\\x5d-\\x7e]*$"  # what json.dumps writes as it is: printable ASCII but " and \\
+
+
+def needs_escape(part: Any) -> bool:
+    """Whether a string, or some value of a string column, is not written as it is inside a JSON string."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(part, str):
+        return _escape(part) != part
+    if pa.types.is_dictionary(part.type):
+        part = part.dictionary
+    return pc.all(pc.match_substring_regex(part, _PLAIN_JSON)).as_py() is False
+
+
+def json_escaped(values: Any) -> Any:
+    """Each string as it appears between the quotes of its JSON string (json.dumps, ASCII only): as it is when
+    it holds only printable ASCII other than " and \\, else escaped by :mod:`json`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pc.all(pc.match_substring_regex(values, _PLAIN_JSON)).as_py() is not False:
+        return values
+    return pa.array([None if v is None else _escape(v) for v in values.to_pylist()], pa.string())
+
+
+def check_key_version(path: Path, batch: Any, at: int) -> None:
+    import pyarrow.compute as pc
+
+    column = batch.column("key_version")
+    i = pc.index(per_value(column, lambda values: pc.not_equal(values, KEY_VERSION)), True).as_py()
+    if i >= 0:
+        raise ArchiveError(f"{path}: row {at + i}: column 'key_version' = {_short(column[i].as_py())}: this farm "
+                           f"reads {KEY_VERSION} keys only")
+
+
+def check_decision_ranges(path: Path, batch: Any, at: int, label: Callable[[int], str]) -> None:
+    """Columnar range checks of a batch of decision rows (ArchiveError naming the first bad row); ``label(i)``
+    names row i's key. Checks ``relative_mad`` and ``samples`` where the schema has them (schema 1)."""
     import pyarrow.compute as pc
 
     def refuse(name: str, ok: Any, rule: str) -> None:
         ok = pc.fill_null(ok, False)
         i = pc.index(ok, False).as_py()
         if i >= 0:
-            raise ArchiveError(f"{path}: row {at + i} (key {batch.column(0)[i].as_py()[:12]}): column {name!r} = "
+            raise ArchiveError(f"{path}: row {at + i} (key {label(i)}): column {name!r} = "
                                f"{batch.column(name)[i].as_py()!r} is out of range ({rule})")
 
-    ratio, created, mad = batch.column("ratio"), batch.column("created"), batch.column("relative_mad")
+    ratio, created = batch.column("ratio"), batch.column("created")
     refuse("ratio", pc.and_(pc.is_finite(ratio), pc.greater(ratio, 0.0)), "must be finite and > 0")
     refuse("winner_index", pc.greater_equal(batch.column("winner_index"), 0), "must be >= 0")
     refuse("reference_index", pc.greater_equal(batch.column("reference_index"), 0), "must be >= 0")
     refuse("created", pc.and_(pc.is_finite(created), pc.greater_equal(created, 0.0)), "must be finite and >= 0")
-    refuse("relative_mad", pc.or_kleene(pc.is_null(mad), pc.and_(pc.is_finite(mad), pc.greater_equal(mad, 0.0))),
-           "must be null or finite and >= 0")
-    samples = batch.column("samples")
-    refuse("samples", pc.or_kleene(pc.is_null(samples), pc.greater_equal(samples, 0)), "must be null or >= 0")
+    if "relative_mad" in batch.schema.names:
+        mad = batch.column("relative_mad")
+        refuse("relative_mad", pc.or_kleene(pc.is_null(mad), pc.and_(pc.is_finite(mad), pc.greater_equal(mad, 0.0))),
+               "must be null or finite and >= 0")
+        samples = batch.column("samples")
+        refuse("samples", pc.or_kleene(pc.is_null(samples), pc.greater_equal(samples, 0)), "must be null or >= 0")

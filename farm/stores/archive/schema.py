@@ -1,70 +1,68 @@
-"""The archive format: files, columns, the row of a decision and its checks (docs/archives.md).
+"""The archive format: files, columns, the record text rebuilt from a row (docs/archives.md).
 
 An archive holds the decisions of ONE environment fingerprint in one folder named by its digest::
 
-    ARCHIVE_DIR/<fingerprint digest>/decisions.parquet   one row per decision (ARCHIVE_SCHEMA_VERSION 1)
+    ARCHIVE_DIR/<fingerprint digest>/decisions.parquet   one row per decision (ARCHIVE_SCHEMA_VERSION 2)
                                      trials.parquet      every timing pair and verdict behind them
                                      manifest.json       fingerprint, schema version, row counts, bytes and sha256
 
-pyarrow is imported lazily: ``import farm`` stays light.
+Schema 2 stores each record once, as columns from which its exact :meth:`DecisionRecord.to_json` text is rebuilt
+(:func:`record_body`) and checked against the stored ``checksum``. Schema 1 (``farm.stores.archive.v1``) is read,
+never written. pyarrow is imported lazily: ``import farm`` stays light.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.errors import ArchiveError as ArchiveError
-from farm.identity import KEY_VERSION, CacheKey, OperationKey, decode_manifest, manifest
-from farm.stores.base import DecisionRecord, canonical_json, key_sha256
+from farm.identity import CacheKey
+from farm.stores.archive.derived import KEY_PARTS as KEY_PARTS
+from farm.stores.base import SCHEMA_VERSION, DecisionRecord, key_sha256
 
-ARCHIVE_SCHEMA_VERSION = 1
+ARCHIVE_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # schema 1: read-only compatibility
 DECISIONS_FILE = "decisions.parquet"
 TRIALS_FILE = "trials.parquet"
 MANIFEST_FILE = "manifest.json"
 DATA_FILES = (DECISIONS_FILE, TRIALS_FILE)
-ROW_GROUP_ROWS = 1024  # decisions.parquet: a runtime hit decodes one row group's record_json
+ROW_GROUP_ROWS = 1024  # decisions.parquet: a runtime hit decodes one row group
 TRIAL_ROW_GROUP_ROWS = 65536  # trials.parquet is only ever read whole
 PARQUET_VERSION_KEY = b"farm.archive.schema_version"
 PARQUET_DIGEST_KEY = b"farm.archive.fingerprint_digest"
 
-# The parts of a cache key (farm.identity.cache_key), in order: the columns named after them.
-KEY_PARTS = (
-    "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
-    "manifest", "accuracy_key",
-)
-
-# (column, type name, nullable). Types: string, int32, float64, bool.
+# (column, type name, nullable). Types: string, int32, int64, float64, bool, sha256 (32 bytes).
+# The cache key is fields([key_version, scope, operation_key, <the manifest's fingerprint>, workload,
+# execution_context, str(reference_index), manifest, accuracy_key]).
 DECISION_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("key_sha256", "string", False),
-    ("cache_key", "string", False),
-    *((part, "string", False) for part in KEY_PARTS),
-    ("operation", "string", False),
-    ("device_kind", "string", True),
-    ("spec_json", "string", True),
-    ("problem_id", "string", True),
+    ("key_version", "string", False),
+    ("scope", "string", False),
+    ("operation_key", "string", False),
+    ("workload", "string", False),
+    ("execution_context", "string", False),
+    ("manifest", "string", False),
+    ("accuracy_key", "string", False),
+    ("key_hash", "int64", False),
     ("winner", "string", False),
     ("winner_index", "int32", False),
-    ("reference", "string", False),
     ("reference_index", "int32", False),
-    ("ratio", "float64", False),
-    ("relative_mad", "float64", True),
     ("verified", "bool", False),
-    ("samples", "int32", True),
+    ("ratio", "float64", False),
     ("created", "float64", False),
-    ("farm_version", "string", True),
-    ("run_id", "string", True),
-    ("confirmation", "string", True),
-    ("record_json", "string", False),
+    ("meta_json", "string", False),
+    ("checksum", "sha256", False),
+    ("problem_id", "string", True),
 )
 DECISION_FIELDS = tuple(name for name, _, _ in DECISION_COLUMNS)
-_DECISION_GETTER = operator.itemgetter(*DECISION_FIELDS)
+# Columns whose values repeat: dictionary-encoded (the rest is plain, then zstd).
+DICTIONARY_COLUMNS = ("key_version", "scope", "operation_key", "execution_context", "manifest", "accuracy_key",
+                      "winner", "problem_id")
 
 # The trial row fields with their types: the one definition (farm_coordinator.aggregate imports TRIAL_FIELDS).
 TRIAL_TYPES: tuple[tuple[str, str], ...] = (
@@ -75,33 +73,72 @@ TRIAL_TYPES: tuple[tuple[str, str], ...] = (
     ("attempt", "int32"),
 )
 TRIAL_FIELDS = tuple(name for name, _ in TRIAL_TYPES)
-# key_sha256 ties a row to its decision; extra_json keeps fields a newer farm added to trial rows.
+# ``decision`` ties a row to its decision (its row in decisions.parquet); extra_json keeps fields a newer farm
+# added to trial rows.
 TRIAL_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("key_sha256", "string", False),
+    ("decision", "int32", False),
     *((name, kind, True) for name, kind in TRIAL_TYPES),
     ("extra_json", "string", True),
 )
-_TRIAL_KEYS = frozenset(TRIAL_FIELDS)
-_TRIAL_GETTER = operator.itemgetter(*TRIAL_FIELDS)
+TRIAL_KEYS = frozenset(TRIAL_FIELDS)
 _TRIAL_NONNEGATIVE = ("candidate_index", "pair", "attempt", "reference_seconds", "candidate_seconds",
                       "max_abs_error", "max_rel_error")
-_INT32 = (-(2**31), 2**31 - 1)
 
 
-def _arrow_type(pa: Any, kind: str) -> Any:
-    return {"string": pa.string(), "int32": pa.int32(), "float64": pa.float64(), "bool": pa.bool_()}[kind]
+def arrow_type(pa: Any, kind: str) -> Any:
+    return {"string": pa.string(), "int32": pa.int32(), "int64": pa.int64(), "float64": pa.float64(),
+            "bool": pa.bool_(), "sha256": pa.binary(32)}[kind]
 
 
-def arrow_schema(columns: Sequence[tuple[str, str, bool]], digest: str = "") -> Any:
+def arrow_schema(columns: Sequence[tuple[str, str, bool]], digest: str = "",
+                 version: int = ARCHIVE_SCHEMA_VERSION) -> Any:
     """The explicit pyarrow schema of a table, with the archive's schema version in its metadata."""
     import pyarrow as pa
 
-    schema = pa.schema([pa.field(name, _arrow_type(pa, kind), nullable=nullable) for name, kind, nullable in columns])
-    return schema.with_metadata({PARQUET_VERSION_KEY: str(ARCHIVE_SCHEMA_VERSION).encode(),
-                                 PARQUET_DIGEST_KEY: digest.encode()})
+    schema = pa.schema([pa.field(name, arrow_type(pa, kind), nullable=nullable) for name, kind, nullable in columns])
+    return schema.with_metadata({PARQUET_VERSION_KEY: str(version).encode(), PARQUET_DIGEST_KEY: digest.encode()})
 
 
-# -- entries and rows -------------------------------------------------------------------------------------------
+# -- the record text of a row -----------------------------------------------------------------------------------
+
+_encode_string = json.encoder.encode_basestring_ascii  # json.dumps' own string form
+
+
+def record_body(key: str, created: float, index: int, meta_json: str, name: str, ratio: float,
+                reference_index: int, verified: bool) -> str:
+    """The canonical JSON of a record without its checksum, exactly as :meth:`DecisionRecord.to_json` encodes
+    it (sorted keys, no spaces, ``meta`` as ``meta_json``): the record's checksum is the sha256 of this text."""
+    return (f'{{"cache_key":{_encode_string(key)},"created":{created!r},"index":{index},"meta":{meta_json},'
+            f'"name":{_encode_string(name)},"ratio":{ratio!r},"reference_index":{reference_index},'
+            f'"schema":{SCHEMA_VERSION},"verified":{"true" if verified else "false"}}}')
+
+
+def with_checksum(body: str, digest: bytes) -> str:
+    """The :meth:`DecisionRecord.to_json` text of a body whose sha256 is ``digest``."""
+    return f'{body[:-1]},"checksum":"{digest.hex()}"}}'
+
+
+def key_hash64(digest: bytes) -> int:
+    """Column ``key_hash``: the first 8 bytes of the key's sha256 as a signed big-endian integer."""
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def record_text(raw: str | bytes) -> str | None:
+    """``raw`` when it has the shape of :meth:`DecisionRecord.to_json` text (checksum last), else None. Only for
+    text that :meth:`DecisionRecord.from_json` has just verified."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    at = text.rfind(_CHECKSUM_MARK)
+    return text if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66 else None
+
+
+_CHECKSUM_MARK = ',"checksum":"'
+
+
+# -- entries ----------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -123,145 +160,10 @@ class ArchiveEntry:
         return self.text if self.text is not None else self.record.to_json()
 
     def row(self) -> dict[str, Any]:
-        """The decisions.parquet row of this entry (see :func:`decision_row`)."""
+        """The derived view of this entry (``farm.stores.archive.derived.decision_row``)."""
+        from farm.stores.archive.derived import decision_row
+
         return decision_row(self.record, self.problem_id, self.text)
-
-
-def record_text(raw: str | bytes) -> str | None:
-    """``raw`` when it has the shape of :meth:`DecisionRecord.to_json` text (checksum last), else None. Only for
-    text that :meth:`DecisionRecord.from_json` has just verified."""
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    at = text.rfind(_CHECKSUM_MARK)
-    return text if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66 else None
-
-
-_CHECKSUM_MARK = ',"checksum":"'
-
-
-def _meta_str(meta: Any, name: str) -> str | None:
-    value = meta.get(name)
-    return value if isinstance(value, str) else None
-
-
-# The decision columns derived from the record and three parts of its key, in this order (see derived_scalars).
-SCALAR_COLUMNS = (
-    "operation", "device_kind", "spec_json", "winner", "winner_index", "reference", "reference_index", "ratio",
-    "relative_mad", "verified", "samples", "created", "farm_version", "run_id", "confirmation",
-)
-
-
-def decision_row(record: DecisionRecord, problem_id: str | None, record_json: str | None = None) -> dict[str, Any]:
-    """The columns of a decision. Everything but ``problem_id`` is derived from the record, so a reader can check
-    that a row agrees with its ``record_json``. Raises ArchiveError for a key that is not a v1 cache key or whose
-    winner or reference is not in the key's candidate manifest."""
-    key = record.cache_key
-    parts = key_columns(key)
-    scalars = derived_scalars(record, parts["operation_key"], parts["reference_position"], parts["manifest"])
-    return {
-        "key_sha256": key_sha256(key),
-        "cache_key": key,
-        **parts,
-        **dict(zip(SCALAR_COLUMNS, scalars, strict=True)),
-        "problem_id": problem_id,
-        "record_json": record.to_json() if record_json is None else record_json,
-    }
-
-
-def key_columns(key: str) -> dict[str, str]:
-    """The key's parts by column name (``KEY_PARTS``), read through :class:`farm.identity.CacheKey`; ArchiveError
-    for a key that is not a canonical v1 cache key."""
-    try:
-        parsed = CacheKey.decode(key)
-    except ValueError as e:  # UnicodeDecodeError included
-        raise ArchiveError(f"cache key is not a {KEY_VERSION} key: {e}") from e
-    if parsed.version != KEY_VERSION:
-        raise ArchiveError(f"cache key is not a {KEY_VERSION} key (version {parsed.version!r})")
-    return {
-        "key_version": parsed.version, "scope": parsed.scope, "operation_key": parsed.operation,
-        "environment": parsed.environment, "workload": parsed.workload, "execution_context": parsed.execution_context,
-        "reference_position": str(parsed.reference), "manifest": manifest(parsed.candidates),
-        "accuracy_key": parsed.accuracy.encode(),
-    }
-
-
-@functools.lru_cache(maxsize=1024)
-def _operation_parts(operation_key: str) -> tuple[str | None, str | None]:
-    op = OperationKey.decode(operation_key)  # the runtime adapter's operation key, or text of another form
-    return (op.name, op.device_kind) if op is not None else (None, None)
-
-
-def derived_scalars(record: DecisionRecord, operation_key: str, reference_position: str, manifest: str,
-                    spec_json: str | None = None) -> tuple[Any, ...]:
-    """The values of ``SCALAR_COLUMNS`` for a record whose key has these operation, reference-position and
-    manifest parts. ``spec_json``: a stored column to reuse when it holds the record's spec (saves encoding)."""
-    names = _manifest_names(manifest)
-    if str(record.reference_index) != reference_position:
-        raise ArchiveError(f"field 'reference_index' = {record.reference_index} differs from the key's reference "
-                           f"position {reference_position!r}")
-    for what, index in (("winner_index", record.index), ("reference_index", record.reference_index)):
-        if not 0 <= index < len(names):
-            raise ArchiveError(f"field {what!r} = {index} is out of range for {len(names)} candidates")
-    if names[record.index] != record.name:
-        raise ArchiveError(f"field 'winner' = {record.name!r} is not candidate {record.index} of the key "
-                           f"({names[record.index]!r})")
-    meta = record.meta
-    operation = _meta_str(meta, "operation")
-    device_kind = _meta_str(meta, "device_kind")
-    if operation is None or device_kind is None:
-        op_name, op_kind = _operation_parts(operation_key)
-        operation = operation or op_name
-        device_kind = device_kind or op_kind
-    mad: Any = meta.get("relative_mad")
-    samples = meta.get("samples")
-    spec = meta.get("spec")
-    if spec is None:
-        spec_json = None
-    elif spec_json is None or _loads(spec_json) != spec:
-        spec_json = canonical_json(spec)
-    return (
-        operation or operation_key, device_kind, spec_json, record.name, record.index,
-        names[record.reference_index], record.reference_index, record.ratio,
-        float(mad) if _number(mad) and math.isfinite(mad) and mad >= 0 else None, record.verified,
-        samples if isinstance(samples, int) and not isinstance(samples, bool) and 0 <= samples <= _INT32[1] else None,
-        record.created, _meta_str(meta, "farm_version"), _meta_str(meta, "run"), _meta_str(meta, "confirmation"),
-    )
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@functools.lru_cache(maxsize=1024)
-def _manifest_names(manifest: str) -> tuple[str, ...]:
-    try:
-        return tuple(c.name for c in decode_manifest(manifest))
-    except ValueError as e:  # UnicodeDecodeError included
-        raise ArchiveError(f"the key's candidate manifest cannot be read: {e}") from e
-
-
-def check_ranges(row: dict[str, Any]) -> None:
-    """Refuse out-of-range values (ArchiveError naming the column)."""
-    ratio = row["ratio"]
-    if not (_number(ratio) and math.isfinite(ratio) and ratio > 0):
-        raise ArchiveError(f"column 'ratio' = {ratio!r} is out of range (must be finite and > 0)")
-    for name in ("winner_index", "reference_index"):
-        if not (isinstance(row[name], int) and row[name] >= 0):
-            raise ArchiveError(f"column {name!r} = {row[name]!r} is out of range (must be >= 0)")
-    created = row["created"]
-    if not (_number(created) and math.isfinite(created) and created >= 0):
-        raise ArchiveError(f"column 'created' = {created!r} is out of range (must be finite and >= 0)")
-    mad = row["relative_mad"]
-    if mad is not None and not (math.isfinite(mad) and mad >= 0):
-        raise ArchiveError(f"column 'relative_mad' = {mad!r} is out of range (must be null or finite and >= 0)")
-    if row["samples"] is not None and row["samples"] < 0:
-        raise ArchiveError(f"column 'samples' = {row['samples']!r} is out of range (must be null or >= 0)")
 
 
 def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
@@ -277,14 +179,18 @@ def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
     meta["forced_from"] = fingerprint_digest(old)
     if "fingerprint" in meta:
         meta["fingerprint"] = fingerprint_digest(fingerprint)
-    new = DecisionRecord(key.replace(environment=fingerprint).encode(), record.index, record.reference_index, record.name, record.verified,
-                         record.ratio, record.created, meta)
+    new = DecisionRecord(key.replace(environment=fingerprint).encode(), record.index, record.reference_index,
+                         record.name, record.verified, record.ratio, record.created, meta)
     return ArchiveEntry(new, entry.problem_id, entry.trials)
 
 
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _same(a: Any, b: Any) -> bool:

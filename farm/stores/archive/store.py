@@ -9,75 +9,112 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from farm.encoding import fields
 from farm.environment import fingerprint_digest
 from farm.errors import ArchiveError, CorruptRecord, TuneFailure
 from farm.identity import key_environment
-from farm.stores.archive.reader import (
-    archive_folders,
-    check_keys,
-    parquet_file,
-    read_manifest,
-    verified_bytes,
+from farm.stores.archive import v1
+from farm.stores.archive.checks import check_keys
+from farm.stores.archive.files import parquet_file, verified_bytes
+from farm.stores.archive.reader import archive_folders, read_manifest
+from farm.stores.archive.schema import (
+    DECISION_COLUMNS,
+    DECISIONS_FILE,
+    key_digest,
+    key_hash64,
+    record_body,
+    with_checksum,
 )
-from farm.stores.archive.schema import DECISION_COLUMNS, DECISIONS_FILE
 from farm.stores.base import DecisionRecord, key_sha256, replaces
 
 log = logging.getLogger(__name__)
 
+# Schema 2: the columns a hit decodes (one row group of them) to rebuild the record.
+_RECORD_COLUMNS = ("key_version", "scope", "operation_key", "workload", "execution_context", "reference_index",
+                   "manifest", "accuracy_key", "created", "winner_index", "meta_json", "winner", "ratio", "verified",
+                   "checksum")
+
 
 class _Loaded:
-    """One archive's decisions for lookups: the verified file bytes, key_sha256 -> row, a few decoded groups.
+    """One archive's decisions for lookups: the verified file bytes, a key index -> row, a few decoded groups.
 
-    The key index is built one row group at a time from the ``key_sha256`` column alone, refusing a malformed,
-    unsorted or repeated key at once: memory stays proportional to the file and its index."""
+    The index is built one row group at a time from one column alone (schema 2: ``key_hash``, refusing a repeated
+    one; schema 1: ``key_sha256``, refusing a malformed, unsorted or repeated one): memory stays proportional to
+    the file and its index."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any], row_groups: int) -> None:
         import pyarrow as pa
 
         path = folder / DECISIONS_FILE
         data = verified_bytes(folder, DECISIONS_FILE, manifest)
-        self.pf = parquet_file(path, data, DECISION_COLUMNS, manifest["digest"], manifest["rows"]["decisions"])
+        self.version = version = manifest["schema_version"]
+        self.fingerprint = manifest["fingerprint"]
+        columns = DECISION_COLUMNS if version == 2 else v1.DECISION_COLUMNS
+        self.pf = parquet_file(path, data, columns, manifest["digest"], manifest["rows"]["decisions"], version)
         self.path = path
         self.starts: list[int] = []
-        self.rows: dict[str, int] = {}
+        self.rows: dict[Any, int] = {}
         at = 0
         last: str | None = None
         for g in range(self.pf.num_row_groups):
             self.starts.append(at)
+            name = "key_hash" if version == 2 else "key_sha256"
             try:
-                keys = self.pf.read_row_group(g, columns=["key_sha256"]).column(0)
+                keys = self.pf.read_row_group(g, columns=[name]).column(0)
             except (pa.ArrowException, OSError, ValueError) as e:
                 raise ArchiveError(f"{path}: not a readable Parquet file: {e}") from None
             if keys.null_count:
-                raise ArchiveError(f"{path}: column 'key_sha256' holds nulls")
+                raise ArchiveError(f"{path}: column {name!r} holds nulls")
             for chunk in keys.chunks:
-                last = check_keys(path, chunk, at, last)
-                self.rows.update(zip(chunk.to_pylist(), range(at, at + len(chunk)), strict=True))
+                if version == 1:
+                    last = check_keys(path, chunk, at, last)
+                    self.rows.update(zip(chunk.to_pylist(), range(at, at + len(chunk)), strict=True))
+                else:
+                    for i, value in enumerate(chunk.to_pylist(), at):
+                        if self.rows.setdefault(value, i) != i:
+                            raise ArchiveError(f"{path}: row {i} (key hash {value & (2**64 - 1):016x}): duplicate "
+                                               f"key: refused")
                 at += len(chunk)
         self.groups: OrderedDict[int, Any] = OrderedDict()
         self.max_groups = row_groups
 
-    def text(self, row: int) -> str:
+    def row(self, cache_key: str) -> int | None:
+        if self.version == 1:
+            return self.rows.get(key_sha256(cache_key))
+        return self.rows.get(key_hash64(key_digest(cache_key)))
+
+    def text(self, row: int, cache_key: str) -> str | None:
+        """The record text of ``row``; None when its key is not ``cache_key`` (another key whose sha256 begins with
+        the same 64 bits)."""
         g = bisect.bisect_right(self.starts, row) - 1
-        column = self.groups.get(g)
-        if column is None:
-            column = self.pf.read_row_group(g, columns=["record_json"]).column(0)
-            self.groups[g] = column
+        group = self.groups.get(g)
+        if group is None:
+            group = self.pf.read_row_group(g, columns=["record_json"] if self.version == 1 else list(_RECORD_COLUMNS))
+            self.groups[g] = group
             if len(self.groups) > self.max_groups:
                 self.groups.popitem(last=False)
         else:
             self.groups.move_to_end(g)
-        return str(column[row - self.starts[g]].as_py())
+        at = row - self.starts[g]
+        if self.version == 1:
+            return str(group.column(0)[at].as_py())
+        v = [group.column(i)[at].as_py() for i in range(len(_RECORD_COLUMNS))]
+        key = fields([*v[0:3], self.fingerprint, *v[3:5], str(v[5]), *v[6:8]])
+        if key != cache_key:
+            return None
+        return with_checksum(record_body(key, v[8], v[9], v[10], v[11], v[12], v[5], v[13]), v[14])
 
 
 class ArchiveStore:
     """A read-only fleet tier over archive directories (each one archive folder or a folder of them).
 
     Folders are discovered and their manifests checked at construction (ArchiveError for a missing directory; a
-    folder whose manifest is unusable is logged as a warning and skipped: its lookups are misses). An archive is loaded on the first lookup of its fingerprint (or by :meth:`load`): its
-    decisions.parquet is read once, checked against the manifest's byte count and sha256, and only its
-    ``key_sha256`` column is indexed; a hit decodes the ``record_json`` of one row group (kept in a small LRU of
-    ``row_groups`` groups per archive) and parses and verifies that one record. Memory is bounded by the
+    folder whose manifest is unusable is logged as a warning and skipped: its lookups are misses). An archive is
+    loaded on the first lookup of its fingerprint (or by :meth:`load`): its decisions.parquet is read once,
+    checked against the manifest's byte count and sha256, and only its ``key_hash`` column (schema 1:
+    ``key_sha256``) is indexed; a hit decodes one row group (kept in a small LRU of ``row_groups`` groups per
+    archive), rebuilds that one record from its columns and verifies it (its checksum, its key against the
+    requested one). Memory is bounded by the
     compressed file, the index and the decoded groups. An archive that fails to load is logged once and every
     lookup that needed it raises CorruptRecord (the controller counts a cache warning and treats it as a miss).
     When several archives hold the key, the replacement rule picks the record (``farm.stores.base.replaces``).
@@ -154,16 +191,17 @@ class ArchiveStore:
         if digest is None or digest not in self._manifests:
             return None
         archives = self._archives(digest)
-        sha = key_sha256(cache_key)
         best: DecisionRecord | None = None
         problem: str | None = self._broken.get(digest)
         for archive in archives:
-            row = archive.rows.get(sha)
+            row = archive.row(cache_key)
             if row is None:
                 continue
             try:
                 with self._lock:
-                    text = archive.text(row)
+                    text = archive.text(row, cache_key)
+                if text is None:
+                    continue
                 record = DecisionRecord.from_json(text, expected_key=cache_key)
             except CorruptRecord as e:
                 problem = f"{archive.path}: row {row}: {e}"
