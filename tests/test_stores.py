@@ -23,7 +23,15 @@ from farm.environment import fingerprint_digest
 from farm.errors import FailureKind, TuneFailure
 from farm.policy import MemoryEviction, Mode
 from farm.stores import local as local_module
-from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum, key_hash, key_sha256
+from farm.stores.base import (
+    SCHEMA_VERSION,
+    CorruptRecord,
+    DecisionRecord,
+    Publication,
+    _checksum,
+    key_hash,
+    key_sha256,
+)
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
 from farm.stores.memory import MemoryStore
 
@@ -219,6 +227,26 @@ def test_an_application_with_capacity_3_keeps_every_record_the_farm_published(tm
     assert [app.get(f"app-{n}") is not None for n in range(6)] == [False, False, False, True, True, True]
     assert (app.count(FARM), app.count(APP)) == (20, 3)
     assert farm_side.decided(fingerprint_digest("fp"), [f"pid-{n}" for n in range(25)]) == {f"pid-{n}" for n in range(20)}
+
+
+def test_one_batch_of_publications_stores_what_one_by_one_would(tmp_path: Path) -> None:
+    """Two problems may share a cache key (workloads differing only in their seed): a batch indexes both, and the
+    key holds the last record the replacement rule accepted, as publishing them in turn does."""
+    now = time.time()
+    batch = [Publication(record("k", created=now - 10), "fp", "pid-a", ({"pair": 0},)),
+             Publication(record("k", name="newer", index=2, created=now), "fp", "pid-b", ({"pair": 1},)),
+             Publication(record("k", name="older", created=now - 20), "fp", "pid-c"),
+             Publication(record("other", created=now), "fp", "pid-d")]
+    one_by_one = LocalStore(tmp_path / "one", owner=FARM)
+    in_turn = [one_by_one.publish_many([pub])[0] for pub in batch]
+    together = LocalStore(tmp_path / "batch", owner=FARM)
+    assert together.publish_many(batch) == in_turn == [(True, "new"), (True, "replaced"),
+                                                      (False, "kept: the stored record wins under the replacement rule"),
+                                                      (True, "new")]
+    pids = ["pid-a", "pid-b", "pid-c", "pid-d"]
+    for store in (one_by_one, together):
+        assert store.decided(fingerprint_digest("fp"), pids) == {"pid-a", "pid-b", "pid-d"}
+        assert (store.get("k").name, store.trials("k"), len(store)) == ("newer", [{"pair": 1}], 2)
 
 
 def test_a_failed_write_keeps_the_old_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

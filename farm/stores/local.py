@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 _BATCH = 1000
+FARM_CHECKPOINT_PAGES = 4096  # the farm's writes: WAL pages between automatic checkpoints (SQLite's default 1000)
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -132,6 +133,8 @@ class LocalStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
             conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
+            if self.owner == FARM:  # the farm publishes in batches: checkpoint (and sync) every 16 MiB, not 4 MiB
+                conn.execute(f"PRAGMA wal_autocheckpoint={FARM_CHECKPOINT_PAGES}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
                 self._create(conn)
@@ -239,10 +242,12 @@ class LocalStore:
     def publish_many(self, publications: Iterable[Publication]) -> list[tuple[bool, str]]:
         """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): the record with
         its trial rows, the fingerprint text and the problem index. Returns (replaced, "new" | "replaced" |
-        "kept: ...") per publication; all of it is written or none of it. Stored records are looked up and
+        "kept: ...") per publication; all of it is written or none of it, and it stores what publishing them one
+        by one would (two problems may share a cache key: both are indexed). Stored records are looked up and
         rows written ``_BATCH`` at a time."""
         results: list[tuple[bool, str]] = []
         chosen: dict[bytes, tuple[Publication, str]] = {}  # what each touched key will hold
+        indexed: list[tuple[str, str, bytes]] = []  # (digest, problem id, key) of every publication accepted
         stored: set[bytes] = set()  # keys with a row to delete first
         digests: dict[str, str] = {}
         with self._write() as conn:
@@ -267,6 +272,8 @@ class LocalStore:
                     if digest is None:
                         digest = digests[pub.fingerprint] = fingerprint_digest(pub.fingerprint)
                     chosen[key] = (pub, digest)
+                    if pub.problem_id:  # as if published one by one: two problems may share a cache key
+                        indexed.append((digest, pub.problem_id, key))
                     results.append((True, "new" if held is None and key not in old_rows else "replaced"))
             conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)",
                              [(d, text) for text, d in digests.items()])
@@ -279,8 +286,8 @@ class LocalStore:
                     [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part])
                 conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)",
                                  [(k, p.trials_json or "[]") for k, (p, _) in part])
-                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
-                                 [(d, p.problem_id, k) for k, (p, d) in part if p.problem_id])
+            for at in range(0, len(indexed), _BATCH):
+                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", indexed[at : at + _BATCH])
         return results
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
