@@ -167,9 +167,8 @@ def tune_from_fleet(
             out.left[f"fingerprint {fingerprint}: no live worker can tune it"] = sum(len(x.ids) for x in group)
             continue
         out.summaries.append(summary)
-        done = {a.problem.workload.where for a in summary.aggregates if a.record is not None}
-        if not force:
-            done |= {p.workload.where for p in summary.already_decided}
+        done = {s.workload.where for s in summary.problems
+                if s.error is None and (s.source == "ran" or not force)}
         for i, e in enumerate(group):
             if f"fleet:{i}" in done:
                 out.decided.append(e)
