@@ -249,6 +249,25 @@ def test_one_batch_of_publications_stores_what_one_by_one_would(tmp_path: Path) 
         assert (store.get("k").name, store.trials("k"), len(store)) == ("newer", [{"pair": 1}], 2)
 
 
+def test_the_farm_moves_its_write_ahead_log_into_the_file_on_a_thread_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_module, "FARM_CHECKPOINT_BYTES", 1)  # ask after every publication
+    farm_side = LocalStore(tmp_path, owner=FARM)
+    farm_side.publish_many([Publication(record(f"k{n}"), "fp", f"pid-{n}") for n in range(50)])
+    file_only = f"file:{tmp_path / STORE_FILE}?immutable=1"  # what the file holds, without the log
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.closing(sqlite3.connect(file_only, uri=True)) as view, contextlib.suppress(sqlite3.Error):
+            if view.execute("SELECT count(*) FROM decisions").fetchone()[0] == 50:  # no table yet: not yet
+                break
+        assert time.monotonic() < deadline, "the checkpoint never ran"
+        time.sleep(0.05)
+    thread = farm_side._checkpoints._thread
+    assert thread is not None and thread.daemon
+    farm_side.close()
+    assert not thread.is_alive() and LocalStore(tmp_path).get("k7") is not None
+
+
 def test_a_failed_write_keeps_the_old_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     local = LocalStore(tmp_path, 8)
     local.put(record("k", name="old"))

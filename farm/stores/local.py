@@ -32,6 +32,7 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.stores.base import DecisionRecord, Publication, key_hash, replaces
+from farm.stores.checkpoints import Checkpoints
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
 from farm.stores.migrate import legacy_files, migrate, replace_row
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 _BATCH = 1000
-FARM_CHECKPOINT_PAGES = 4096  # the farm's writes: WAL pages between automatic checkpoints (SQLite's default 1000)
+FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (farm.stores.checkpoints) after this much written
+FARM_CHECKPOINT_PAGES = 16384  # ...and SQLite's own automatic one, the backstop, waits for this many WAL pages
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -91,6 +93,8 @@ class LocalStore:
         self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
         self._pid = 0
         self._lock = threading.RLock()
+        self._checkpoints = Checkpoints(self.path, self.timeout)
+        self._unchecked = 0  # bytes the farm published since it last asked for a checkpoint
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -133,7 +137,7 @@ class LocalStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
             conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
-            if self.owner == FARM:  # the farm publishes in batches: checkpoint (and sync) every 16 MiB, not 4 MiB
+            if self.owner == FARM:  # checkpoints run on a thread of their own (farm.stores.checkpoints)
                 conn.execute(f"PRAGMA wal_autocheckpoint={FARM_CHECKPOINT_PAGES}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
@@ -194,6 +198,7 @@ class LocalStore:
                 raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
 
     def close(self) -> None:
+        self._checkpoints.close()
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
@@ -281,13 +286,17 @@ class LocalStore:
             for at in range(0, len(items), _BATCH):
                 part = items[at : at + _BATCH]
                 conn.executemany("DELETE FROM decisions WHERE key = ?", [(k,) for k, _ in part if k in stored])
+                records = [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part]
+                trials = [(k, p.trials_json or "[]") for k, (p, _) in part]
                 conn.executemany(
-                    "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
-                    [(k, FARM, p.record.created, p.problem_id or None, p.json) for k, (p, _) in part])
-                conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)",
-                                 [(k, p.trials_json or "[]") for k, (p, _) in part])
+                    "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)", records)
+                conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)", trials)
+                self._unchecked += sum(len(r[4]) for r in records) + sum(len(t[1]) for t in trials)
             for at in range(0, len(indexed), _BATCH):
                 conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", indexed[at : at + _BATCH])
+        if self._unchecked >= FARM_CHECKPOINT_BYTES:
+            self._unchecked = 0
+            self._checkpoints.request()
         return results
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
