@@ -16,6 +16,7 @@ Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every st
 
 from __future__ import annotations
 
+import gc
 import time
 import uuid
 from collections import deque
@@ -32,15 +33,7 @@ from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
 from farm_coordinator.plan import Planner, Problem, next_tasks
-from farm_coordinator.ports import (
-    Fleet,
-    Leases,
-    ProgressHook,
-    Results,
-    RunEvent,
-    RunLog,
-    RunSummary,
-)
+from farm_coordinator.ports import Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.sinks import Sink
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
@@ -160,6 +153,7 @@ class _Run:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
+        gc.freeze()  # what exists now (the catalog above all) lives through the run: full collections skip it
         try:
             reused = len(survey.decided)
             view = (progress(self.console, survey.trials) if self.hook is None else
@@ -169,6 +163,8 @@ class _Run:
                 self._loop(deadline)
         except KeyboardInterrupt:
             interrupt(self)
+        finally:
+            gc.unfreeze()
         self.summary.wall_seconds = time.monotonic() - started
         quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished"))
         return self.summary
