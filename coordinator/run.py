@@ -16,7 +16,6 @@ Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every st
 
 from __future__ import annotations
 
-import gc
 import time
 import uuid
 from collections import deque
@@ -153,7 +152,6 @@ class _Run:
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
-        gc.freeze()  # what exists now (the catalog above all) lives through the run: full collections skip it
         try:
             reused = len(survey.decided)
             view = (progress(self.console, survey.trials) if self.hook is None else
@@ -163,8 +161,6 @@ class _Run:
                 self._loop(deadline)
         except KeyboardInterrupt:
             interrupt(self)
-        finally:
-            gc.unfreeze()
         self.summary.wall_seconds = time.monotonic() - started
         quietly(lambda: self.runlog.update(self.run, self.groups_done, self.summary.published, state="finished"))
         return self.summary
