@@ -20,40 +20,42 @@ log = logging.getLogger(__name__)
 
 
 class Checkpoints:
-    """Checkpoints of the database at ``path``, on request, one at a time, on a daemon thread started lazily."""
+    """Checkpoints of the database at ``path`` on request, on a daemon thread that lives while there are requests
+    (it opens its own connection, serves them one after the other, closes it and ends: nothing lingers idle)."""
 
     def __init__(self, path: Path, timeout: float) -> None:
         self.path, self.timeout = path, timeout
-        self._wanted = threading.Event()
-        self._stopping = False
+        self._lock = threading.Lock()
+        self._wanted = False
         self._thread: threading.Thread | None = None
         self._pid = 0
 
     def request(self) -> None:
         """Checkpoint soon (a request while one runs is served once it ends)."""
-        if self._thread is None or self._pid != os.getpid():  # none yet, or inherited across a fork: start one
-            self._stopping = False
+        with self._lock:
+            self._wanted = True
+            if self._thread is not None and self._pid == os.getpid():
+                return  # the running thread serves it (a thread inherited across a fork is not running)
             self._thread = threading.Thread(target=self._serve, name="farm-cache-checkpoints", daemon=True)
             self._pid = os.getpid()
             self._thread.start()
-        self._wanted.set()
 
     def close(self) -> None:
-        """Stop the thread after the checkpoint under way, if any."""
-        thread, self._thread = self._thread, None
-        if thread is not None and self._pid == os.getpid():
-            self._stopping = True
-            self._wanted.set()
+        """Wait for the checkpoints under way, if any."""
+        with self._lock:
+            thread = self._thread if self._pid == os.getpid() else None
+        if thread is not None:
             thread.join()
 
     def _serve(self) -> None:
         conn: sqlite3.Connection | None = None
         try:
             while True:
-                self._wanted.wait()
-                self._wanted.clear()
-                if self._stopping:
-                    return
+                with self._lock:
+                    if not self._wanted:
+                        self._thread = None
+                        return
+                    self._wanted = False
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
