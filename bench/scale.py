@@ -12,7 +12,9 @@
 (d) a local cache of --cache-decisions decisions: an application's first lookup (the disk tier: LocalStore.get of a
     key not yet in memory; p50 over 1,000 keys) and first and second select() (a memory hit).
 
-A size that does not finish within --timeout seconds is reported as such. Numbers from a shared machine are noisy.
+A size that does not finish within --timeout seconds is reported as such. Numbers from a shared machine are noisy;
+the embedded runs take the machine's cpu:0 device lock, so on a machine where other processes use cpu:0 (another
+benchmark's workers) set FARM_LOCK_DIR to a folder of your own, or they wait for it.
 
     .venv/bin/python bench/scale.py --quick            # a few minutes: 1,000 and 10,000 problems, 20,000 archived,
                                                        # 100,000 cached decisions
