@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rich.console import Console  # noqa: E402
 
 from farm.runtimes import client_for  # noqa: E402
-from farm.stores.base import DecisionRecord  # noqa: E402
+from farm.stores.base import DecisionRecord, Publication  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_coordinator.dispatch import LocalDispatcher  # noqa: E402
 from farm_coordinator.fleet import LocalFleet  # noqa: E402
@@ -36,6 +36,9 @@ class MemorySink:
                 fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         self.records[problem_id] = record
         return True, "new"
+
+    def publish_many(self, publications: list[Publication]) -> list[tuple[bool, str]]:
+        return [self.publish(p.record, p.fingerprint, p.problem_id, list(p.trials), p.fence) for p in publications]
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return {p for p in problem_ids if p in self.records}

@@ -1,7 +1,10 @@
 """Fleet scale: cost per decision from 1,000 to 100,000 problems, archives, and a 1,000,000-decision local cache.
 
 (a) embedded farm (`farm tune` without a broker, one cpu device) on a trivial catalog (bench/bench_ops.py) of each
-    --sizes problems, each in its own process: decisions/s and the coordinator's peak RSS;
+    --sizes problems, each in its own process: decisions/s and the coordinator's peak RSS. Every problem of the
+    catalog costs the same (`bench_flat`: 64 elements), so a falling rate is the farm's own cost per decision;
+    `--catalog growing` runs `bench_trivial` instead, whose problem n has n elements (the workers' time per
+    problem then grows with the catalog: 0.5 ms at n = 1,000, 1.9 ms at n = 95,000 on the reference machine);
 (b) the farm with two `farm worker` processes (cpu:0, cpu:1) and a private redis-server for each --farm-sizes:
     decisions/s, coordinator peak RSS and Redis memory per decision;
 (c) archives of --archive-decisions synthetic decisions (4 trial rows each): export rate (Redis -> archive), bytes
@@ -9,7 +12,9 @@
 (d) a local cache of --cache-decisions decisions: an application's first lookup (the disk tier: LocalStore.get of a
     key not yet in memory; p50 over 1,000 keys) and first and second select() (a memory hit).
 
-A size that does not finish within --timeout seconds is reported as such. Numbers from a shared machine are noisy.
+A size that does not finish within --timeout seconds is reported as such. Numbers from a shared machine are noisy;
+the embedded runs take the machine's cpu:0 device lock, so on a machine where other processes use cpu:0 (another
+benchmark's workers) set FARM_LOCK_DIR to a folder of your own, or they wait for it.
 
     .venv/bin/python bench/scale.py --quick            # a few minutes: 1,000 and 10,000 problems, 20,000 archived,
                                                        # 100,000 cached decisions
@@ -36,10 +41,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench"), str(ROOT)]
 
 
-def trivial_catalog(path: Path, count: int) -> Path:
-    rows = ",\n".join(f'  {{ n = {n}, dtype = "float64" }}' for n in range(1, count + 1))
+def trivial_catalog(path: Path, count: int, kind: str = "flat") -> Path:
+    """``count`` trivial problems: ``flat`` (the same cost each) or ``growing`` (problem n has n elements)."""
+    if kind == "flat":
+        operation, rows = "bench_flat", ",\n".join(f'  {{ index = {i}, dtype = "float64" }}' for i in range(count))
+    else:
+        operation, rows = "bench_trivial", ",\n".join(f'  {{ n = {n}, dtype = "float64" }}' for n in range(1, count + 1))
     path.write_text(f"[policy]\nsamples = 3\nwarmups = 1\nbudget = 1.0\n\n[[problems]]\n"
-                    f'operation = "bench_trivial"\nworkloads = [\n{rows}\n]\n')
+                    f'operation = "{operation}"\nworkloads = [\n{rows}\n]\n')
     return path
 
 
@@ -78,14 +87,15 @@ def run_child(mode: str, catalog: Path, target: str, env: dict[str, str], timeou
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def farm_runs(sizes: list[int], farm_sizes: list[int], timeout: float, directory: Path) -> Iterator[str]:
+def farm_runs(sizes: list[int], farm_sizes: list[int], timeout: float, directory: Path,
+              kind: str = "flat") -> Iterator[str]:
     from servers import farm_env, redis_server, start_worker, wait_worker_ready
 
     env = farm_env({"FARM_PREFIX": "bench", "PYTHONPATH": os.pathsep.join([str(ROOT / "bench"),
                                                                          farm_env()["PYTHONPATH"]])})
     rates: dict[str, float] = {}
     for n in sizes:
-        catalog = trivial_catalog(directory / f"trivial-{n}.toml", n)
+        catalog = trivial_catalog(directory / f"trivial-{n}.toml", n, kind)
         figures = run_child("embedded", catalog, str(directory / f"cache-{n}"), env, timeout)
         if figures is None:
             yield f"  embedded, {n:>7,} problems: did not finish within {timeout:.0f} s"
@@ -104,7 +114,7 @@ def farm_runs(sizes: list[int], farm_sizes: list[int], timeout: float, directory
             for w in workers:
                 wait_worker_ready(w, redis.client(1), "bench")
             for n in farm_sizes:
-                catalog = trivial_catalog(directory / f"farm-{n}.toml", n)
+                catalog = trivial_catalog(directory / f"farm-{n}.toml", n, kind)
                 before = redis.client(1).info("memory")["used_memory"]
                 figures = run_child("farm", catalog, f"{redis.url(0)} {redis.url(1)}", env, timeout)
                 if figures is None:
@@ -258,6 +268,8 @@ def main() -> None:
     parser.add_argument("--archive-decisions", type=int, help="decisions archived (default 100000; 0: skip)")
     parser.add_argument("--cache-decisions", type=int, help="decisions in the local cache (default 1000000; 0: skip)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per catalog run")
+    parser.add_argument("--catalog", choices=("flat", "growing"), default="flat",
+                        help="(a, b): problems of one cost (flat) or problem n with n elements (growing)")
     args = parser.parse_args()
 
     def sizes(text: str | None, default: str) -> list[int]:
@@ -274,7 +286,7 @@ def main() -> None:
         directory = Path(tmp)
         for title, wanted, lines in (
             ("(a, b) catalogs of trivial problems", embedded or farm_sizes,
-             lambda: farm_runs(embedded, farm_sizes, args.timeout, directory)),
+             lambda: farm_runs(embedded, farm_sizes, args.timeout, directory, args.catalog)),
             (f"(c) archives of {archived:,} decisions", archived, lambda: archive_runs(archived, directory)),
             (f"(d) a local cache of {cached:,} decisions", cached, lambda: cache_runs(cached, directory)),
         ):

@@ -153,20 +153,21 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             interrupted = isinstance(e, KeyboardInterrupt) or getattr(e, "exit_code", None) == 130
             _abandon(parts, run_id, progress, "interrupted" if interrupted else "failed")
             raise
-        reused = report.decided_records(parts["sink"], summary.already_decided) if summary.already_decided else {}
-    rows = report.rows(summary, reused)
+        rows = report.rows(summary, parts["sink"])  # the records are read back from the sink
+        if as_json:
+            for piece in report.as_json(summary, rows, parts["sink"]):
+                click.echo(piece, nl=False)
+            click.echo()
     failed = report.failures(rows)
-    if as_json:
-        click.echo(report.as_json(summary, rows))
-    else:
+    if not as_json:
         console = _console()
         console.print(report.table(summary, rows))
         click.echo(report.LEGEND)
         where = "Redis" if broker else str(cache_dir)
         click.echo(f"{summary.published} decisions published to {where} in {summary.wall_seconds:.1f}s "
                    f"({summary.tasks} group tasks: {summary.ran} group results ran, {summary.reused} reused; "
-                   f"{len(summary.already_decided)} problems reused from earlier runs"
-                   f"{', add --force to re-tune them' if summary.already_decided else ''})")
+                   f"{summary.decided_before} problems reused from earlier runs"
+                   f"{', add --force to re-tune them' if summary.decided_before else ''})")
     for line in failed:
         click.echo(f"farm: failed: {line}", err=True)
     if failed:

@@ -87,6 +87,11 @@ def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Pat
     fleet = LocalFleet(list(contexts.values()))
 
     def execute(task: GroupTask, queue: str) -> GroupResult:
-        return GroupResult.from_dict(run_group(task.to_dict(), fleet.context_for(task, queue)))
+        result = GroupResult.from_dict(run_group(task.to_dict(), fleet.context_for(task, queue)))
+        # The coordinator has the result now and, in this process, never sends a group twice (nothing is lost
+        # here, and no other coordinator shares these leases): the workers' store need not keep it, so a long run
+        # holds no result it has handled.
+        results.discard([(task.run, task.problem_id, task.group)])
+        return result
 
     return {"fleet": fleet, "dispatcher": LocalDispatcher(execute), "sink": DirectorySink(cache_dir)}

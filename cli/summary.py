@@ -1,14 +1,20 @@
 """What ``farm tune`` prints at the end: every decision of the catalog (tuned now or reused from an earlier run),
-what the columns mean, and what to do about failures."""
+what the columns mean, and what to do about failures.
+
+The run's summary lists its problems compactly (``farm_coordinator.ports.Settled``); the records are read back from
+the sink (Redis, or the embedded farm's local cache) a chunk at a time, so the summary of 100,000 problems holds
+one short row per problem, never every record at once. The table shows the first ``TABLE_ROWS`` rows; ``--json``
+lists every decision with its record, streamed.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from farm.stores.base import DecisionRecord
 from farm_coordinator.catalog import workload_label
-from farm_coordinator.plan import Problem
 from farm_coordinator.sinks import Sink
 
 LEGEND = (
@@ -18,74 +24,93 @@ LEGEND = (
     "reproduced the win; failed = the second device did not confirm it, so the reference stays; unconfirmed = no\n"
     "second device was online."
 )
+TABLE_ROWS = 1000  # rows the table shows at most (every failure is listed on stderr; --json lists every decision)
+READ_CHUNK = 500  # records read back per sink call
 
 
-def decided_records(sink: Sink, problems: list[Problem]) -> dict[str, DecisionRecord]:
-    """The published records of problems an earlier run decided (problem id -> record), read back through the sink
-    (Redis, or the embedded farm's local cache). Unreadable ones are left out."""
+def decided_records(sink: Sink, problems: Iterable[tuple[str, str]]) -> dict[str, DecisionRecord]:
+    """The published records of ``problems`` ((fingerprint digest, problem id) pairs), problem id -> record, read
+    back through the sink. Unreadable ones are left out."""
     by_digest: dict[str, list[str]] = {}
-    for p in problems:
-        by_digest.setdefault(p.target.digest, []).append(p.problem_id)
+    for digest, pid in problems:
+        by_digest.setdefault(digest, []).append(pid)
     found: dict[str, DecisionRecord] = {}
     for digest, pids in by_digest.items():
         found.update(sink.problem_records(digest, pids))
     return found
 
 
-def rows(summary: Any, reused: dict[str, DecisionRecord]) -> list[dict[str, Any]]:
-    """One row per problem of the run: tuned now, failed, or reused."""
-    out = []
-    for agg in summary.aggregates:
-        out.append(_row(agg.problem, agg.record, "ran", agg.error))
-    for p in summary.already_decided:
-        out.append(_row(p, reused.get(p.problem_id), "reused", None))
-    return sorted(out, key=lambda r: (r["fingerprint"], r["operation"], r["workload"]))
-
-
-def _row(problem: Any, record: DecisionRecord | None, source: str, error: str | None) -> dict[str, Any]:
-    w = problem.workload
-    row: dict[str, Any] = {"fingerprint": problem.target.digest, "operation": w.operation,
-                           "workload": workload_label(w.operation, w.spec), "spec": w.spec, "source": source,
-                           "record": record.to_dict() if record is not None else None, "error": error}
-    if record is not None:
+def rows(summary: Any, sink: Sink) -> list[dict[str, Any]]:
+    """One compact row per problem of the run (tuned now, failed, or reused), sorted; the record's fields the
+    table shows are read back from the sink a chunk at a time, the records themselves not kept."""
+    out = [_row(s) for s in summary.problems]
+    out.sort(key=lambda r: (r["fingerprint"], r["operation"], r["workload"]))
+    for row, record in with_records(sink, out):
+        if record is None:
+            continue
         candidates = record.meta.get("candidates", [])
-        row["lost"] = sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected"))
-        confirmation = str(record.meta.get("confirmation") or "-")
-        row["confirmation"] = confirmation.split(":")[0]
-    return row
+        row.update(winner=record.name, ratio=record.ratio, verified=record.verified,
+                   confirmation=str(record.meta.get("confirmation") or "-").split(":")[0],
+                   lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")))
+    return out
+
+
+def with_records(sink: Sink, all_rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], DecisionRecord | None]]:
+    """Each row with its published record (None for a failure), in order, reading ``READ_CHUNK`` at a time."""
+    for at in range(0, len(all_rows), READ_CHUNK):
+        chunk = all_rows[at : at + READ_CHUNK]
+        found = decided_records(sink, [(r["fingerprint"], r["problem_id"]) for r in chunk if r["error"] is None])
+        for row in chunk:
+            yield row, found.get(row["problem_id"]) if row["error"] is None else None
+
+
+def _row(settled: Any) -> dict[str, Any]:
+    w = settled.workload
+    return {"fingerprint": settled.target.digest, "operation": w.operation, "problem_id": settled.problem_id,
+            "workload": workload_label(w.operation, w.spec), "spec": w.spec, "source": settled.source,
+            "error": settled.error}
 
 
 def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
-    failed = sum(1 for r in all_rows if r["record"] is None and r["source"] == "ran")
+    failed = len(failures(all_rows))
     reused = sum(1 for r in all_rows if r["source"] == "reused")
     t = Table(title=f"run {summary.run}: {len(all_rows)} problems: {summary.published} tuned and published, "
                     f"{reused} reused, {failed} failed")
     for column in ("fingerprint", "operation", "workload", "source", "winner", "ratio", "verified", "confirmation",
                    "lost"):
         t.add_column(column, no_wrap=column not in ("workload",), justify="right" if column in ("ratio", "lost") else "left")
-    for r in all_rows:
+    for r in all_rows[:TABLE_ROWS]:
         head = [r["fingerprint"][:8], r["operation"], r["workload"], r["source"]]
-        rec = r["record"]
-        if rec is None:
+        if r["error"] is not None:
             t.add_row(*head, "[red]failed[/red]", "-", "-", "-", "-")
             continue
-        t.add_row(*head, rec["name"], f"{rec['ratio']:.3f}", "yes" if rec["verified"] else "no", r["confirmation"],
+        if "winner" not in r:  # published, but its record cannot be read back now
+            t.add_row(*head, "[yellow]unreadable[/yellow]", "-", "-", "-", "-")
+            continue
+        t.add_row(*head, r["winner"], f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
                   str(r["lost"]))
+    if len(all_rows) > TABLE_ROWS:
+        t.caption = (f"the first {TABLE_ROWS:,} of {len(all_rows):,} problems; `farm tune --json` lists them all, "
+                     f"`farm report` explains them")
     return t
 
 
 def failures(all_rows: list[dict[str, Any]]) -> list[str]:
     """One line per failed problem: where, and why."""
     return [f"{r['fingerprint'][:8]} {r['operation']} {r['workload']}: {r['error'] or 'no decision'}"
-            for r in all_rows if r["record"] is None and r["source"] == "ran"]
+            for r in all_rows if r["error"] is not None]
 
 
-def as_json(summary: Any, all_rows: list[dict[str, Any]]) -> str:
-    decisions = [{k: r[k] for k in ("operation", "spec", "workload", "fingerprint", "source", "record", "error")}
-                 for r in all_rows]
-    return json.dumps({"run": summary.run, "published": summary.published,
-                       "reused": sum(1 for r in all_rows if r["source"] == "reused"),
-                       "failed": len(failures(all_rows)), "wall_seconds": summary.wall_seconds,
-                       "decisions": decisions}, indent=1)
+def as_json(summary: Any, all_rows: list[dict[str, Any]], sink: Sink) -> Iterator[str]:
+    """The decisions as one JSON document, in pieces (records read back again, a chunk at a time)."""
+    head = {"run": summary.run, "published": summary.published,
+            "reused": sum(1 for r in all_rows if r["source"] == "reused"),
+            "failed": len(failures(all_rows)), "wall_seconds": summary.wall_seconds}
+    yield json.dumps(head, indent=1)[:-2] + ',\n "decisions": ['
+    for i, (r, record) in enumerate(with_records(sink, all_rows)):
+        decision = {k: r[k] for k in ("operation", "spec", "workload", "fingerprint", "source")}
+        decision.update(record=record.to_dict() if record is not None else None, error=r["error"])
+        yield ("\n" if i == 0 else ",\n") + json.dumps(decision, indent=1)
+    yield "\n]\n}"

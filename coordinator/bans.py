@@ -10,7 +10,7 @@ other fingerprints (a new driver or build is a new fingerprint) may still choose
 
 Redis layout: the hash ``<prefix>:bans:<fingerprint digest>``, field problem id -> JSON object
 ``{candidate: {"reason": str, "run": str, "time": float, "ratio": float | null}}``. Updates are one WATCH/MULTI
-transaction each; reading a catalog's bans is one HLEN (usually 0) plus, only when there are any, HMGET in chunks.
+transaction each; a run reads a fingerprint's bans once, with one HGETALL (bans are few).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from typing import Any
 from farm.errors import CorruptRecord
 from farm.policy import StackPolicy
 from farm.stores.redis import KeyLayout
-
-CHUNK = 5000
 
 
 @dataclass(frozen=True)
@@ -66,18 +64,10 @@ class RedisBans:
     def key(self, digest: str) -> str:
         return self.layout.key("bans", digest)
 
-    def banned(self, digest: str, problem_ids: list[str]) -> dict[str, set[str]]:
-        """Problem id -> the candidates banned for it, for those of ``problem_ids`` that have any."""
+    def banned(self, digest: str) -> dict[str, set[str]]:
+        """Problem id -> the candidates banned for it, on one fingerprint (one HGETALL: bans are few)."""
         key = self.key(digest)
-        if not problem_ids or not int(self.client.hlen(key)):
-            return {}
-        found: dict[str, set[str]] = {}
-        for start in range(0, len(problem_ids), CHUNK):
-            chunk = problem_ids[start:start + CHUNK]
-            for pid, raw in zip(chunk, self.client.hmget(key, chunk), strict=True):
-                if raw is not None:
-                    found[pid] = set(self._parse(key, pid, raw))
-        return found
+        return {pid: set(self._parse(key, pid, raw)) for pid, raw in self.client.hgetall(key).items()}
 
     def all(self, digests: Iterable[str]) -> list[tuple[str, str, Ban]]:
         """Every ban of ``digests``: (digest, problem id, ban), for ``farm status``."""

@@ -29,23 +29,30 @@ def expire(run: RunState) -> None:
     """The run's timeout passed: a problem still waiting for a confirmation is published unconfirmed; every
     other unfinished problem fails (none is published with a group missing)."""
     quietly(run.drain)
+    quietly(lambda: run.publish_pending(flush=True))
     run.queue.clear()
     quietly(run.dispatcher.cancel)
     for t in run.board.members(State.CONFIRMING):
         run.conclude(unconfirmed(t.problem.confirmation, run.policy, "unconfirmed: no confirmation before the timeout"))
-    run.claims.backlog.clear()
+    for pid, target, workload in run.claims.rest():  # never taken: failed without being made into problems
+        run.summary.not_started(pid, target, workload, "not started before the timeout")
+        run.settled("failed")
     for t in run.board.members(State.WAITING):
         held = t.pid in run.claims.elsewhere
         run.fail(t, "held by another coordinator until the timeout" if held else "not started before the timeout")
     for t in run.board.members(State.QUEUED, State.RUNNING):
+        if t.verdict is not None:  # decided, but the store did not answer
+            run.fail(t, "decided, but not published before the run's timeout (the store did not answer)")
+            continue
         missing = [task.group for task in t.problem.tasks if task.group not in t.problem.results]
         run.fail(t, f"no result before the run's timeout for groups {', '.join(missing)}")
-    quietly(run.publish_pending)
+    quietly(lambda: run.publish_pending(flush=True))
 
 
 def interrupt(run: RunState) -> None:
     """Ctrl-C: revoke what is queued or running, release our leases, record the run, and say how to resume."""
-    remaining = run.board.unfinished
+    quietly(lambda: run.publish_pending(flush=True))  # decided before Ctrl-C: kept
+    remaining = run.board.unfinished + run.claims.left
     quietly(run.dispatcher.cancel)
     for t in list(run.board.members(*ACTIVE)):
         if t.lease is not None:

@@ -185,11 +185,10 @@ def tune_from_fleet(
             out.left[f"fingerprint {fingerprint}: no live worker can tune it"] = sum(len(x.ids) for x in group)
             continue
         out.summaries.append(summary)
-        done = {a.problem.workload.where for a in summary.aggregates if a.record is not None}
+        done = {s.workload.where for s in summary.problems
+                if s.error is None and (s.source == "ran" or not force)}
         if force:
-            ban_regressed(bans, group, summary, policy)
-        if not force:
-            done |= {p.workload.where for p in summary.already_decided}
+            ban_regressed(decisions, bans, group, summary, policy)
         for i, e in enumerate(group):
             if f"fleet:{i}" in done:
                 out.decided.append(e)
@@ -216,22 +215,27 @@ def old_winner(decisions: RedisDecisions, entry: Entry) -> str | None:
     return None
 
 
-def ban_regressed(bans: RedisBans, group: list[Entry], summary: Any, policy: StackPolicy) -> None:
-    """After a forced re-measure: ban each old winner whose re-measure confirms the reported regression."""
-    by_where = {a.problem.workload.where: a for a in summary.aggregates if a.record is not None}
+def ban_regressed(decisions: RedisDecisions, bans: RedisBans, group: list[Entry], summary: Any,
+                  policy: StackPolicy) -> None:
+    """After a forced re-measure: ban each old winner whose re-measure (read back from the record the run
+    published) confirms the reported regression."""
+    settled = {s.workload.where: s for s in summary.problems if s.error is None and s.source == "ran"}
     for i, e in enumerate(group):
-        agg = by_where.get(f"fleet:{i}")
-        if agg is None or agg.record is None or e.old_winner is None:
+        done = settled.get(f"fleet:{i}")
+        if done is None or e.old_winner is None:
             continue
-        measured = next((c for c in agg.record.meta.get("candidates", ()) if c.get("name") == e.old_winner), None)
+        record = decisions.problem_records(done.target.digest, [done.problem_id]).get(done.problem_id)
+        if record is None:
+            continue
+        measured = next((c for c in record.meta.get("candidates", ()) if c.get("name") == e.old_winner), None)
         reason = regressed_there_too(measured, policy) if measured is not None else None
         if measured is None or reason is None:
             continue
-        bans.ban(agg.problem.target.digest, agg.problem.problem_id,
-                 new_ban(e.old_winner, reason, str(agg.record.meta.get("run", "")), measured.get("ratio")))
+        bans.ban(done.target.digest, done.problem_id,
+                 new_ban(e.old_winner, reason, str(record.meta.get("run", "")), measured.get("ratio")))
         e.banned = reason
         log.warning("fleet regression confirmed: %s banned for %s %s (%s)", e.old_winner, e.operation,
-                    agg.problem.problem_id, reason)
+                    done.problem_id, reason)
 
 
 RUN_TAGS = {"fleet-regression": "re-tuned: an application's regression window invalidated the decision",

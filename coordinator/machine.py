@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from farm.errors import IllegalTransition
+from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.plan import Problem
 
 
@@ -63,6 +64,7 @@ class Tracked:
     sends: dict[str, int] = field(default_factory=dict)  # group -> times the coordinator sent it in this run
     lost: dict[str, int] = field(default_factory=dict)  # group -> times it started and never came back
     note: str = ""  # why it failed, or how it was published
+    verdict: Aggregate | None = None  # its decision while the publication is pending (farm_coordinator.run)
 
     @property
     def pid(self) -> str:
@@ -71,13 +73,28 @@ class Tracked:
 
 
 class Board:
-    """Every problem of a run by state. ``on_move(tracked, old, new)`` is called after each transition."""
+    """The problems of a run by state. ``on_move(tracked, old, new)`` is called after each transition.
 
-    def __init__(self, problems: list[Problem], on_move: Callable[[Tracked, State, State], Any] | None = None) -> None:
-        self.items: dict[str, Tracked] = {p.problem_id: Tracked(p) for p in problems}
+    A run adds problems as it takes them (:meth:`add`) and, with ``keep_final`` false, a problem leaves the board
+    once it is final (published or failed): the board holds what the run works on, never every problem it ran.
+    ``finished`` counts the problems that left."""
+
+    def __init__(self, problems: list[Problem], on_move: Callable[[Tracked, State, State], Any] | None = None,
+                 keep_final: bool = True) -> None:
+        self.items: dict[str, Tracked] = {}
         self._members: dict[State, dict[str, None]] = {s: {} for s in State}
-        self._members[State.WAITING] = dict.fromkeys(self.items)
         self.on_move = on_move
+        self.keep_final = keep_final
+        self.finished = 0
+        self.add(problems)
+
+    def add(self, problems: list[Problem]) -> list[Tracked]:
+        """Put problems on the board, waiting; a problem already on it is left as it is."""
+        added = [Tracked(p) for p in problems if p.problem_id not in self.items]
+        for t in added:
+            self.items[t.pid] = t
+            self._members[State.WAITING][t.pid] = None
+        return added
 
     def __getitem__(self, pid: str) -> Tracked:
         return self.items[pid]
@@ -99,6 +116,10 @@ class Board:
             tracked.note = note
         if new not in ACTIVE:
             tracked.lease = None
+            tracked.verdict = None
+        if new in FINAL and not self.keep_final:
+            del self.items[pid], self._members[new][pid]
+            self.finished += 1
         if self.on_move is not None:
             self.on_move(tracked, old, new)
         return tracked

@@ -1,15 +1,19 @@
 """Expansion: catalog workloads x target fingerprints -> problems, each split into one task per priority group.
 
+A run takes its problems one at a time from a :class:`Planner` (never the whole catalog expanded at once), so what
+it holds grows with the problems it works on, not with the catalog.
+
 Tasks name their candidates (name, revision); the coordinator never works with implementation indices. A problem's
 groups run one after the other, each carrying the budget the earlier ones left (:func:`next_tasks`; the rule is
 ``farm.search``'s), so the budget bounds the problem's whole search on the farm as in-process. Tiny groups travel
-in batches (:func:`batch_size`, :func:`in_flight_limit`) so that the broker's cost per task is shared.
+in batches (:func:`batch_size`, :func:`in_flight_limit`) so that the broker's cost per task is shared. A candidate
+the fleet banned for a problem (``coordinator/bans.py``) is planned as SKIPPED for that problem only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,75 +58,93 @@ class Problem:
         return revisions[name]
 
 
-def group_tasks(
-    run: str, pid: str, target: Target, workload: Workload, catalog: Catalog, policy_dict: dict[str, Any],
-    banned: Collection[str] = (),
-) -> tuple[list[GroupTask], list[Outcome]]:
+@dataclass(frozen=True)
+class Groups:
+    """What planning decides once per (operation, device kind): the tunable's checksum, each priority group's
+    candidates (name, revision) in plan order, and the Outcomes of the candidates ``admit`` refused."""
+
+    checksum: str
+    groups: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
+    refused: tuple[Outcome, ...]
+
+    @property
+    def trials(self) -> int:
+        return sum(len(candidates) for _, candidates in self.groups)
+
+
+def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = ()) -> Groups:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
     try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes."""
     from farm_kernels import registry
 
-    tunable = registry.get(workload.operation).tunable(target.device_kind)
+    tunable = registry.get(operation).tunable(device_kind)
     order = tunable.search_order()  # the cache key's candidate list: the reference first
     candidates = [tunable[i].candidate() for i in order]
     admitted, refused = admit(candidates, 0, catalog.policy, banned=banned)
-    tasks: list[GroupTask] = []
     groups: dict[int, list[int]] = {}
     for position in admitted:
         groups.setdefault(tunable[order[position]].group, []).append(position)
-    for group, positions in groups.items():
-        chosen = tuple((candidates[p].name, candidates[p].revision) for p in positions)
-        tasks.append(GroupTask(run, pid, f"g{group}", workload.operation, target.device_kind, workload.spec,
-                               chosen, policy_dict, target.digest, catalog.kernels))
-    if not tasks:  # only the reference: one task still yields the cache key and its timings
+    planned = tuple((f"g{group}", tuple((candidates[p].name, candidates[p].revision) for p in positions))
+                    for group, positions in groups.items())
+    if not planned:  # only the reference: one task still yields the cache key and its timings
         ref = candidates[0]
-        tasks.append(GroupTask(run, pid, REFERENCE_GROUP, workload.operation, target.device_kind, workload.spec,
-                               ((ref.name, ref.revision),), policy_dict, target.digest, catalog.kernels))
-    return tasks, refused
+        planned = ((REFERENCE_GROUP, ((ref.name, ref.revision),)),)
+    return Groups(tunable.checksum(), planned, tuple(refused))
 
 
-def expand(catalog: Catalog, targets: list[Target], run: str) -> list[Problem]:
-    """Every (workload, target) pair whose device kind matches, with its group tasks."""
-    from farm_kernels import registry
+class Planner:
+    """Every (workload, target) pair of a run whose device kind matches, in plan order, made into problems one at a
+    time: a run holds the problems it works on, never the whole catalog expanded (its tasks are built when a problem
+    is taken). What depends only on the operation and device kind is planned once."""
 
-    policy_dict = catalog.policy.to_dict()
-    accuracy = catalog.policy.accuracy_key()
-    problems = []
-    normalized: dict[int, dict[str, Any]] = {}
-    for target in targets:
-        for workload in catalog.workloads:
-            if target.device_kind not in workload.devices:
-                continue
-            operation = registry.get(workload.operation)
-            checksum = operation.tunable(target.device_kind).checksum()
-            # The id covers the spec with its defaults filled in: `seed = 0` spelled out, or a report's spec rebuilt
-            # from inputs, is the same problem (decided once, banned once) as the spec that leaves them out.
-            spec = normalized.get(id(workload))
-            if spec is None:
-                spec = normalized[id(workload)] = operation.normalize(workload.spec, catalog.path)
-            pid = problem_id(target.digest, workload.operation, target.device_kind, checksum, spec, accuracy)
-            tasks, skipped = group_tasks(run, pid, target, workload, catalog, policy_dict)
-            problems.append(Problem(pid, target, workload, tasks, skipped))
-    return problems
+    def __init__(self, catalog: Catalog, targets: list[Target], run: str,
+                 bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> None:
+        """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it."""
+        self.catalog, self.targets, self.run = catalog, targets, run
+        self.bans = bans or {}
+        self.policy_dict = catalog.policy.to_dict()
+        self.accuracy = catalog.policy.accuracy_key()
+        self._groups: dict[tuple[str, str], Groups] = {}
+
+    def pairs(self) -> Iterator[tuple[Target, Workload]]:
+        for target in self.targets:
+            for workload in self.catalog.workloads:
+                if target.device_kind in workload.devices:
+                    yield target, workload
+
+    def groups(self, target: Target, workload: Workload) -> Groups:
+        key = (workload.operation, target.device_kind)
+        found = self._groups.get(key)
+        if found is None:
+            found = self._groups[key] = plan_groups(workload.operation, target.device_kind, self.catalog)
+        return found
+
+    def problem_id(self, target: Target, workload: Workload) -> str:
+        """The id covers the spec with its defaults filled in: ``seed = 0`` spelled out, or a fleet report's spec
+        rebuilt from inputs, is the same problem (decided once, banned once) as the spec that leaves them out."""
+        from farm_kernels import registry
+
+        spec = registry.get(workload.operation).normalize(workload.spec, self.catalog.path)
+        return problem_id(target.digest, workload.operation, target.device_kind,
+                          self.groups(target, workload).checksum, spec, self.accuracy)
+
+    def problem(self, target: Target, workload: Workload, pid: str | None = None) -> Problem:
+        """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already)."""
+        planned = self.groups(target, workload)
+        pid = pid or self.problem_id(target, workload)
+        banned = self.bans.get(target.digest, {}).get(pid)
+        if banned:
+            planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned)
+        tasks = [GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.spec, candidates,
+                           self.policy_dict, target.digest, self.catalog.kernels) for group, candidates in planned.groups]
+        return Problem(pid, target, workload, tasks, list(planned.refused))
 
 
-def apply_bans(problems: list[Problem], banned: Callable[[str, list[str]], dict[str, set[str]]], catalog: Catalog,
-               run: str) -> int:
-    """Re-plan the problems that have fleet bans (``coordinator/bans.py``; ``banned(digest, problem_ids)``):
-    their banned candidates become SKIPPED outcomes. One lookup per fingerprint; returns how many were re-planned."""
-    by_digest: dict[str, list[Problem]] = {}
-    for p in problems:
-        by_digest.setdefault(p.target.digest, []).append(p)
-    policy_dict = catalog.policy.to_dict()
-    changed = 0
-    for digest, group in by_digest.items():
-        bans = banned(digest, [p.problem_id for p in group])
-        for p in group:
-            if p.problem_id in bans:
-                p.tasks, p.skipped = group_tasks(run, p.problem_id, p.target, p.workload, catalog, policy_dict,
-                                                 bans[p.problem_id])
-                changed += 1
-    return changed
+def expand(catalog: Catalog, targets: list[Target], run: str,
+           bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> list[Problem]:
+    """Every problem of the run at once (small catalogs and tests; a run takes them one by one from a Planner)."""
+    planner = Planner(catalog, targets, run, bans)
+    return [planner.problem(target, workload) for target, workload in planner.pairs()]
 
 
 def next_tasks(problem: Problem, budget: float) -> list[GroupTask]:

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from farm.errors import RunInterrupted
 from farm_coordinator.aggregate import Aggregate
+from farm_coordinator.catalog import Workload
 from farm_coordinator.plan import Problem, Target
 from farm_fleet.protocol import GroupResult, GroupTask
 
@@ -41,7 +43,9 @@ class Fleet(Protocol):
 class Bans(Protocol):
     """Candidates the fleet must not choose again for a problem (``coordinator/bans.py``)."""
 
-    def banned(self, digest: str, problem_ids: list[str]) -> dict[str, set[str]]: ...
+    def banned(self, digest: str) -> dict[str, set[str]]:
+        """Problem id -> the candidates banned for it, on one fingerprint."""
+        ...
 
 
 class Leases(Protocol):
@@ -98,12 +102,36 @@ class RunEvent:
     note: str = ""
 
 
+RAN, REUSED = "ran", "reused"
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """How one problem left a run, in compact form: ``source`` "ran" (decided by this run: published, or failed
+    with ``error``) or "reused" (decided before it, by an earlier run or another coordinator). Its record is read
+    back from the sink when wanted (``farm_cli.summary``)."""
+
+    problem_id: str
+    target: Target
+    workload: Workload
+    source: str = RAN
+    error: str | None = None
+
+
 @dataclass
 class RunSummary:
+    """What a run did: counts, every problem compactly (``problems``), and the full aggregates (verdicts, results,
+    records) of the first ``keep`` problems it decided, for callers that inspect them (tests, bench/stability.py)
+    at a cost bounded however large the catalog: the records themselves are in the sink."""
+
     run: str
+    keep: int = 1000
     aggregates: list[Aggregate] = field(default_factory=list)
-    already_decided: list[Problem] = field(default_factory=list)
-    failed: list[tuple[Problem, str]] = field(default_factory=list)
+    problems: list[Settled] = field(default_factory=list)
+    published: int = 0
+    failures: int = 0
+    decided_before: int = 0
+    trial_seconds: float = 0.0
     wall_seconds: float = 0.0
     tasks: int = 0
     devices: int = 0
@@ -111,14 +139,35 @@ class RunSummary:
     ran: int = 0  # group results this run received from the fleet
     resent: int = 0  # groups sent again (lost, or their batch stopped early)
 
-    @property
-    def trial_seconds(self) -> float:
-        seconds: float = sum(a.trial_seconds for a in self.aggregates)
-        return seconds
+    def decided(self, agg: Aggregate, error: str | None = None) -> None:
+        """A problem this run decided: published (``agg.record``) or failed with ``error``."""
+        p = agg.problem
+        self.problems.append(Settled(p.problem_id, p.target, p.workload, RAN, error))
+        self.trial_seconds += agg.trial_seconds
+        if error is None:
+            self.published += 1
+        else:
+            self.failures += 1
+        if len(self.aggregates) < self.keep:
+            self.aggregates.append(agg)
+
+    def not_started(self, pid: str, target: Target, workload: Workload, error: str) -> None:
+        """A problem the run never took (its timeout passed first)."""
+        self.problems.append(Settled(pid, target, workload, RAN, error))
+        self.failures += 1
+
+    def decided_elsewhere(self, problem: Problem | Settled) -> None:
+        """A problem decided before this run took it (an earlier run, another coordinator)."""
+        self.problems.append(Settled(problem.problem_id, problem.target, problem.workload, REUSED))
+        self.decided_before += 1
 
     @property
-    def published(self) -> int:
-        return sum(1 for a in self.aggregates if a.record is not None)
+    def already_decided(self) -> list[Settled]:
+        return [s for s in self.problems if s.source == REUSED]
+
+    @property
+    def failed(self) -> list[tuple[Settled, str]]:
+        return [(s, s.error) for s in self.problems if s.error is not None]
 
 
 def run_interrupted(summary: RunSummary, remaining: int) -> RunInterrupted:
@@ -132,8 +181,10 @@ def run_interrupted(summary: RunSummary, remaining: int) -> RunInterrupted:
 class ClaimsView(Protocol):
     """What the run's endings read of its claims (``farm_coordinator.claims.Claims``)."""
 
-    backlog: deque[str]  # problems never tried yet, in catalog order
+    left: int  # problems never taken yet (the backlog)
     elsewhere: dict[str, None]  # problems held by another coordinator
+
+    def rest(self) -> Iterator[tuple[str, Target, Workload]]: ...  # empty the backlog: (id, target, workload)
 
 
 class RunState(Protocol):
@@ -165,10 +216,10 @@ class RunState(Protocol):
 
     def conclude(self, agg: Aggregate) -> None: ...
 
-    def fail(self, t: Tracked, reason: str, record: bool = True) -> None: ...
+    def fail(self, t: Tracked, reason: str, agg: Aggregate | None = None) -> None: ...
 
     def settled(self, outcome: str, agg: Aggregate | None = None) -> None: ...
 
     def drain(self) -> None: ...
 
-    def publish_pending(self) -> None: ...
+    def publish_pending(self, flush: bool = False) -> None: ...

@@ -1,7 +1,11 @@
 """A tuning run: target live fingerprints, dispatch group tasks with backpressure, aggregate, confirm, publish.
 
 The run drives the state machine of ``farm_coordinator.machine``: every event does O(1) work on its problem, and
-upkeep (leases, waiting problems, confirmations) visits only the problems in the states it concerns. Faults:
+upkeep (leases, waiting problems, confirmations) visits only the problems in the states it concerns. What it holds
+is bounded by its window of leased problems, not by the catalog: problems are made as they are taken
+(``farm_coordinator.plan.Planner``), leave the board once final, and the summary keeps counts, one compact entry
+per problem and the full aggregates of the first ``keep_aggregates`` only. Decisions are published in batches (one
+sink call, each publication still atomic and fenced) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. Faults:
 a Redis or broker outage is waited out (back-off, never a traceback); a lost group is sent again (bounded by
 ``FARM_MAX_ATTEMPTS`` losses, then the problem fails: none is published with a group missing); a lost lease stops
 the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
@@ -20,23 +24,15 @@ from collections.abc import Callable
 from rich.console import Console
 
 from farm.errors import FarmError, RunInterrupted, StoreUnavailable
+from farm.stores.base import Publication
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
 from farm_coordinator.claims import Claims
 from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt, quietly
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
-from farm_coordinator.plan import Problem, apply_bans, batch_size, expand, in_flight_limit, next_tasks
-from farm_coordinator.ports import (
-    Bans,
-    Fleet,
-    Leases,
-    ProgressHook,
-    Results,
-    RunEvent,
-    RunLog,
-    RunSummary,
-)
+from farm_coordinator.plan import Planner, Problem, batch_size, in_flight_limit, next_tasks
+from farm_coordinator.ports import Bans, Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.sinks import Sink
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
@@ -44,6 +40,9 @@ from farm_fleet.results import transient
 from farm_fleet.settings import Settings
 
 __all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]
+
+PUBLISH_BATCH = 256  # decisions per sink call at most (fewer commits, or round trips, per decision)...
+PUBLISH_WAIT = 0.2  # ...and seconds the first of them waits at most (it never waits when nothing else is running)
 
 
 def new_run_id() -> str:
@@ -68,6 +67,7 @@ def tune(
     poll: float = 0.5,
     on_event: Callable[[RunEvent], None] | None = None,
     progress: ProgressHook | None = None,
+    keep_aggregates: int = 1000,
     bans: Bans | None = None,
 ) -> RunSummary:
     """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it,
@@ -77,18 +77,19 @@ def tune(
     lease expires), and successful group results already stored under a problem's round are reused (resume after
     a crash); failed ones run again.
 
+    ``keep_aggregates``: how many full aggregates (verdicts, group results, records) the summary keeps, the first
+    decided; every problem is in ``summary.problems`` compactly and its record in the sink.
+
     ``progress``: a display hook (``farm_cli.progress``) with ``started(run, problems, reused, trials)``,
     ``group_done(trials)``, ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused")
     and ``finished()``; without one, a rich bar per fingerprint is drawn on ``console`` when it is a terminal.
-
-    ``bans``: the fleet's bans (``coordinator/bans.py``): a banned candidate is planned as SKIPPED for its problem.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
 
     settings.check_limits(catalog.policy, catalog.path)
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
-                 force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event)
+                 force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event, keep_aggregates)
     state.hook = progress
     state.bans = bans
     return state.execute(fingerprint, timeout)
@@ -99,21 +100,22 @@ class _Run:
 
     def __init__(self, catalog: Catalog, fleet: Fleet, dispatcher: Dispatcher, sink: Sink, settings: Settings,
                  leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float,
-                 runlog: RunLog, on_event: Callable[[RunEvent], None] | None) -> None:
+                 runlog: RunLog, on_event: Callable[[RunEvent], None] | None, keep: int) -> None:
         self.catalog, self.fleet, self.dispatcher, self.sink = catalog, fleet, dispatcher, sink
         self.settings, self.leases, self.results, self.run = settings, leases, results, run
         self.force, self.console, self.poll, self.runlog = force, console, poll, runlog
         self.on_event = on_event
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
-        self.board = Board([])
-        self.claims = Claims(self, [])
+        self.board = Board([], self._moved, keep_final=False)
+        self.claims = Claims(self)
         self.inbox: deque[GroupResult] = deque()  # results collected, not yet handled
         self.to_decide: deque[str] = deque()  # problems whose groups are all back
         self.to_publish: deque[Aggregate] = deque()  # decided, publication not yet acknowledged by the store
+        self.publish_since = 0.0  # when the oldest of them was decided
         self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
         self.batch_cap: int = settings.batch_limit(self.policy)
-        self.summary = RunSummary(run)
+        self.summary = RunSummary(run, keep=keep)
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
         self.hook: ProgressHook | None = None
@@ -124,7 +126,7 @@ class _Run:
     def emit(self, kind: str, problem: Problem | None = None, note: str = "") -> None:
         if self.on_event is not None:
             self.on_event(RunEvent(kind, problem, self.groups_done, self.summary.tasks, self.summary.published,
-                                   len(self.summary.failed), note))
+                                   self.summary.failures, note))
 
     def settled(self, outcome: str, agg: Aggregate | None = None) -> None:
         """A problem left the run: published, failed, or reused (decided by an earlier run or another coordinator)."""
@@ -143,26 +145,21 @@ class _Run:
         if not targets:
             raise FarmError("no live workers" + (f" with fingerprint {fingerprint}" if fingerprint else "")
                             + ": start `farm worker` first")
-        problems = expand(self.catalog, targets, self.run)
-        if not problems:
+        bans = {t.digest: self.bans.banned(t.digest) for t in targets} if self.bans is not None else None
+        planner = Planner(self.catalog, targets, self.run, bans)
+        if next(planner.pairs(), None) is None:
             kinds = sorted({t.device_kind for t in targets})
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
-        if self.bans is not None:
-            apply_bans(problems, self.bans.banned, self.catalog, self.run)
         self.summary.devices = sum(max(1, len(t.workers)) for t in targets)
-        if not self.force:
-            decided = self.claims.decided(problems)
-            self.summary.already_decided = [p for p in problems if p.problem_id in decided]
-            problems = [p for p in problems if p.problem_id not in decided]
-        self.board = Board(problems, self._moved)
-        self.claims = Claims(self, [p.problem_id for p in problems])
-        self.summary.tasks = sum(len(p.tasks) for p in problems)
+        survey = self.claims.survey(planner, self.force)
+        self.summary.tasks = survey.tasks
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
         try:
-            view = progress(self.console, problems) if self.hook is None else hooked(self.hook, self.run, problems,
-                                                                                      len(self.summary.already_decided))
+            reused = len(survey.decided)
+            view = (progress(self.console, survey.trials) if self.hook is None else
+                    hooked(self.hook, self.run, survey.problems + reused, reused, sum(survey.trials.values())))
             with view as advance:
                 self.advance = advance
                 self._loop(deadline)
@@ -175,7 +172,7 @@ class _Run:
     def _loop(self, deadline: float | None) -> None:
         next_upkeep = 0.0
         outage = 0.0
-        while self.board.unfinished:
+        while self.board.unfinished or self.claims.left:
             try:
                 if deadline is not None and time.monotonic() > deadline:
                     expire(self)
@@ -216,8 +213,8 @@ class _Run:
             self.on_result(self.inbox[0])
             self.inbox.popleft()
         while self.to_decide:
-            t = self.board[self.to_decide[0]]
-            if t.state in (State.QUEUED, State.RUNNING) and t.problem.done:
+            t = self.board.get(self.to_decide[0])
+            if t is not None and t.state in (State.QUEUED, State.RUNNING) and t.problem.done and t.verdict is None:
                 self._decide(t)
             self.to_decide.popleft()
         self.publish_pending()
@@ -329,45 +326,62 @@ class _Run:
         self.conclude(agg)
 
     def conclude(self, agg: Aggregate) -> None:
-        """A problem is decided: publish it (now, or once the store answers again)."""
+        """A problem is decided: publish it (with the next batch, or once the store answers again). The first
+        verdict of a claim stands: a later one (a confirmation given up on meanwhile) is ignored."""
         t = self.board[agg.problem.problem_id]
-        if agg.record is None:
-            self.summary.aggregates.append(agg)
-            self.fail(t, agg.error or "nothing to publish", record=False)
+        if t.verdict is not None:
             return
+        if agg.record is None:
+            self.fail(t, agg.error or "nothing to publish", agg)
+            return
+        t.verdict = agg
+        if not self.to_publish:
+            self.publish_since = time.monotonic()
         self.to_publish.append(agg)
 
-    def publish_pending(self) -> None:
-        while self.to_publish:
-            agg = self.to_publish[0]
-            t = self.board[agg.problem.problem_id]
-            if t.state not in ACTIVE or t.lease is None:
-                self.to_publish.popleft()
+    def publish_pending(self, flush: bool = False) -> None:
+        """Publish the decisions waiting, in one sink call, once there are ``PUBLISH_BATCH`` of them, the oldest
+        waited ``PUBLISH_WAIT`` seconds, nothing else is under way, or ``flush``. Each publication is atomic and
+        fenced by its own lease; a problem whose claim ended meanwhile is left out."""
+        if not self.to_publish or not (
+                flush or len(self.to_publish) >= PUBLISH_BATCH or not (self.queue or self.dispatcher.in_flight())
+                or time.monotonic() - self.publish_since >= PUBLISH_WAIT):
+            return
+        batch: list[tuple[Aggregate, Tracked, tuple[str, str] | None]] = []
+        publications = []
+        for agg in self.to_publish:
+            t = self.board.get(agg.problem.problem_id)
+            if t is None or t.verdict is not agg or t.state not in ACTIVE or t.lease is None:
                 continue
             assert agg.record is not None
             fence = self.leases.fence(t.pid, t.lease)
-            ok, reason = self.sink.publish(agg.record, agg.problem.target.fingerprint, t.pid,
-                                           trial_rows(agg.problem, agg.judged), fence=fence)
-            self.to_publish.popleft()
+            batch.append((agg, t, fence))
+            publications.append(Publication(agg.record, agg.problem.target.fingerprint, t.pid,
+                                            tuple(trial_rows(agg.problem, agg.judged)), fence=fence))
+        replies = self.sink.publish_many(publications) if publications else []
+        self.to_publish.clear()
+        for (agg, t, fence), (_, reason) in zip(batch, replies, strict=True):
+            t.verdict = None
             if reason.startswith("refused"):
                 if t.pid in self.claims.decided([t.problem]):  # theirs (or ours, its reply lost and the call retried)
-                    self.summary.already_decided.append(t.problem)
+                    self.summary.decided_elsewhere(t.problem)
                     self.board.move(t.pid, State.PUBLISHED, "decided by another coordinator")
                     self.settled("reused")
                 else:
                     self.claims.lose(t)
                 continue
-            self.summary.aggregates.append(agg)
+            lease = t.lease or ""
+            self.summary.decided(agg)
             self.board.move(t.pid, State.PUBLISHED, reason)
             self.settled("published", agg)
             if fence is None:
-                self.leases.release(t.pid, t.lease or "")
+                self.leases.release(t.pid, lease)
 
-    def fail(self, t: Tracked, reason: str, record: bool = True) -> None:
-        if record:
-            self.summary.aggregates.append(Aggregate(t.problem, None, (), None, None, reason, 0.0))
-        self.summary.failed.append((t.problem, reason))
-        self.settled("failed", self.summary.aggregates[-1] if self.summary.aggregates else None)
+    def fail(self, t: Tracked, reason: str, agg: Aggregate | None = None) -> None:
+        """Nothing will be published for ``t`` in this run (``agg``: the verdict that says why, if any)."""
+        agg = agg or Aggregate(t.problem, None, (), None, None, reason, 0.0)
+        self.summary.decided(agg, reason)
+        self.settled("failed", agg)
         lease = t.lease
         self.board.move(t.pid, State.FAILED, reason)
         if lease is not None:

@@ -39,11 +39,8 @@ def confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
 
 
 @contextmanager
-def progress(console: Console, problems: list[Problem]) -> Iterator[Callable[[str, int], None]]:
-    """One bar per fingerprint, in trials; yields ``advance(digest, trials)``."""
-    totals: dict[str, int] = {}
-    for p in problems:
-        totals[p.target.digest] = totals.get(p.target.digest, 0) + sum(len(t.candidates) for t in p.tasks)
+def progress(console: Console, totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
+    """One bar per fingerprint (``totals``: digest -> trials), in trials; yields ``advance(digest, trials)``."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bars_view:
@@ -56,9 +53,9 @@ def progress(console: Console, problems: list[Problem]) -> Iterator[Callable[[st
 
 
 @contextmanager
-def hooked(hook: ProgressHook, run: str, problems: list[Problem], reused: int) -> Iterator[Callable[[str, int], None]]:
-    """A progress hook in place of the bars: problems (with those already decided) and trials."""
-    hook.started(run, len(problems) + reused, reused, sum(len(t.candidates) for p in problems for t in p.tasks))
+def hooked(hook: ProgressHook, run: str, problems: int, reused: int, trials: int) -> Iterator[Callable[[str, int], None]]:
+    """A progress hook in place of the bars: problems (with the ``reused`` already decided) and trials."""
+    hook.started(run, problems, reused, trials)
     try:
         yield lambda digest, trials: hook.group_done(trials)
     finally:
@@ -66,11 +63,11 @@ def hooked(hook: ProgressHook, run: str, problems: list[Problem], reused: int) -
 
 
 def summary_table(summary: RunSummary) -> Table:
-    """The decisions of a run as a table: one row per problem."""
+    """The decisions of a run as a table: one row per problem whose aggregate the summary kept."""
     from farm_kernels import registry
 
-    table = Table(title=f"run {summary.run}: {summary.published} decisions, {len(summary.already_decided)} already "
-                        f"decided, {len(summary.failed)} failed; group results: {summary.ran} ran, "
+    table = Table(title=f"run {summary.run}: {summary.published} decisions, {summary.decided_before} already "
+                        f"decided, {summary.failures} failed; group results: {summary.ran} ran, "
                         f"{summary.reused} reused")
     for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):
         table.add_column(column, no_wrap=column != "workload")

@@ -1,7 +1,8 @@
 """Where decisions go: Redis (the fleet) or a local cache (the embedded farm, read by the runtime).
 
 Both publish through their store's one publication function (``RedisDecisions.publish_many``: the server-side
-``farm_publish``; ``LocalStore.publish_many``: one SQLite transaction), which applies the replacement rule
+``farm_publish``; ``LocalStore.publish_many``: one SQLite transaction), a batch of decisions per call (the run
+publishes in batches), which applies the replacement rule
 (``farm.stores.base.replaces``) and remembers which problem ids are decided, so a re-run skips them unless forced.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from farm.stores.base import DecisionRecord, TrialRow
+from farm.stores.base import DecisionRecord, Publication, TrialRow
 from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions
 
@@ -20,6 +21,11 @@ class Sink(Protocol):
                 trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         """Publish under the replacement rule; with ``fence`` (lease key, value) only while that lease holds
         (Redis: atomically, consuming it). A refusal's reason starts with "refused"."""
+        ...
+
+    def publish_many(self, publications: list[Publication]) -> list[tuple[bool, str]]:
+        """:meth:`publish` for each, in one call (each still atomic and fenced by its own ``fence``); one
+        (replaced, reason) per publication, in order."""
         ...
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]: ...
@@ -38,6 +44,10 @@ class RedisSink:
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str,
                 trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         return self.decisions.publish(record, fingerprint, problem_id, trials, fence)
+
+    def publish_many(self, publications: list[Publication]) -> list[tuple[bool, str]]:
+        """One pipelined MULTI/EXEC of ``farm_publish`` calls: each call atomic and fenced on its own."""
+        return self.decisions.publish_many(publications)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.decisions.decided(digest, problem_ids)
@@ -59,6 +69,10 @@ class DirectorySink:
                 trials: list[TrialRow], fence: tuple[str, str] | None = None) -> tuple[bool, str]:
         """``fence`` is not needed here: the embedded farm's leases live in this process (LocalLeases)."""
         return self.store.publish(record, fingerprint, problem_id, trials)
+
+    def publish_many(self, publications: list[Publication]) -> list[tuple[bool, str]]:
+        """One SQLite transaction for the batch (all of it or none): fewer commits, each publication whole."""
+        return self.store.publish_many(publications)
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return self.store.decided(digest, problem_ids)

@@ -12,7 +12,7 @@ from farm.policy import StackPolicy
 from farm.trials import TrialVerdict
 from farm_coordinator.bans import RedisBans, new_ban, regressed_there_too
 from farm_coordinator.catalog import Catalog, Workload
-from farm_coordinator.plan import Target, apply_bans, expand
+from farm_coordinator.plan import Target, expand
 from farm_fleet.settings import Settings
 from farm_kernels import registry
 
@@ -37,31 +37,31 @@ def test_a_reported_regression_is_confirmed_by_a_failure_or_a_ratio_above_regres
 
 def test_bans_are_stored_per_problem_and_candidate_merged_listed_and_lifted(redis_db):
     bans = RedisBans(redis_db, Settings(prefix="bantest"))
-    assert bans.banned("d1", ["p1", "p2"]) == {}
+    assert bans.banned("d1") == {}
     bans.ban("d1", "p1", new_ban("fast", "regressed on the farm too: 2.00x", "run-1", 2.0))
     bans.ban("d1", "p1", new_ban("faster", "failed its re-measure", "run-2", None))
     bans.ban("d2", "p1", new_ban("other", "x", "run-3", 1.5))
-    assert bans.banned("d1", ["p1", "p2"]) == {"p1": {"fast", "faster"}}
-    assert bans.banned("d2", ["p1"]) == {"p1": {"other"}}  # per fingerprint
+    assert bans.banned("d1") == {"p1": {"fast", "faster"}}
+    assert bans.banned("d2") == {"p1": {"other"}}  # per fingerprint
     rows = bans.all(["d1", "d2"])
     assert [(d, p, b.candidate, b.run) for d, p, b in rows] == [
         ("d1", "p1", "fast", "run-1"), ("d1", "p1", "faster", "run-2"), ("d2", "p1", "other", "run-3")]
     assert rows[0][2].ratio == 2.0 and rows[0][2].reason.startswith("regressed")
     assert bans.lift("d1", "p1", "fast") == 1
-    assert bans.banned("d1", ["p1"]) == {"p1": {"faster"}}
+    assert bans.banned("d1") == {"p1": {"faster"}}
     assert bans.lift("d1", "p1", "nothing") == 0
     assert bans.lift("d1", "p1") == 1
-    assert bans.banned("d1", ["p1"]) == {} and not redis_db.exists("bantest:bans:d1")
+    assert bans.banned("d1") == {} and not redis_db.exists("bantest:bans:d1")
 
 
 def test_a_corrupt_ban_entry_is_an_error_naming_the_key_and_field(redis_db):
     bans = RedisBans(redis_db, Settings(prefix="bantest"))
     redis_db.hset("bantest:bans:d1", "p1", "not json")
     with pytest.raises(CorruptRecord, match="bantest:bans:d1 field p1"):
-        bans.banned("d1", ["p1"])
+        bans.banned("d1")
     redis_db.hset("bantest:bans:d1", "p1", '["a list"]')
     with pytest.raises(CorruptRecord, match="must be an object"):
-        bans.banned("d1", ["p1"])
+        bans.banned("d1")
 
 
 def test_planning_skips_a_banned_candidate_for_its_problem_only():
@@ -70,21 +70,18 @@ def test_planning_skips_a_banned_candidate_for_its_problem_only():
                       (Workload("softmax", ("cpu",), {"rows": 8, "cols": 16, "dtype": "float32"}, "w0"),
                        Workload("softmax", ("cpu",), {"rows": 16, "cols": 16, "dtype": "float32"}, "w1")))
     target = Target("digest", "fingerprint", "cpu", ("w",))
-    problems = expand(catalog, [target], "run")
-    names = [name for t in problems[0].tasks for name, _ in t.candidates]
+    plain = expand(catalog, [target], "run")
+    names = [name for t in plain[0].tasks for name, _ in t.candidates]
     victim = names[-1]
-    asked: list[tuple[str, list[str]]] = []
-
-    def banned(digest: str, pids: list[str]) -> dict[str, set[str]]:
-        asked.append((digest, pids))
-        return {problems[0].problem_id: {victim}}
-
-    assert apply_bans(problems, banned, catalog, "run") == 1
-    assert asked == [("digest", [p.problem_id for p in problems])]  # one lookup per fingerprint
+    problems = expand(catalog, [target], "run", {"digest": {plain[0].problem_id: {victim}}})
+    assert [p.problem_id for p in problems] == [p.problem_id for p in plain]
     assert victim not in [name for t in problems[0].tasks for name, _ in t.candidates]
     (skip,) = [o for o in problems[0].skipped if o.name == victim]
     assert skip.verdict is TrialVerdict.SKIPPED and "banned for this key" in skip.note
     assert victim in [name for t in problems[1].tasks for name, _ in t.candidates]  # another workload may choose it
+    other = Target("other", "fingerprint 2", "cpu", ("w",))  # another fingerprint's problem has another id
+    assert victim in [name for t in expand(catalog, [other], "run", {"digest": {plain[0].problem_id: {victim}}})[0].tasks
+                      for name, _ in t.candidates]
 
 
 def test_a_spec_with_its_defaults_spelled_out_is_the_same_problem():

@@ -33,6 +33,17 @@ def test_a_problem_moves_along_the_allowed_transitions_and_each_move_is_reported
     assert [t.pid for t in board.members(State.PUBLISHED)] == ["a"]
 
 
+def test_a_board_that_does_not_keep_final_problems_counts_them_and_holds_only_unfinished_ones():
+    board = Board([problem("a")], keep_final=False)
+    board.add([problem("b"), problem("a")])  # one already there is left as it is
+    assert board.count(State.WAITING) == 2 and board.unfinished == 2
+    board.move("a", State.QUEUED)
+    board.move("a", State.PUBLISHED)
+    board.move("b", State.FAILED, "every group failed")
+    assert board.get("a") is None and board.get("b") is None
+    assert (board.unfinished, board.finished, len(board.items)) == (0, 2, 0)
+
+
 @pytest.mark.parametrize("path", [
     (State.PUBLISHED, State.QUEUED),  # a published problem is final
     (State.FAILED, State.RUNNING),
@@ -202,3 +213,75 @@ def test_a_notice_names_its_group_whatever_the_run_id_and_foreign_notices_name_n
     assert settings.notice_of(settings.unrun_key("r", "p1", "g2")) == ("unrun", ("r", "p1", "g2"))
     for foreign in ("other:result:v2:r:p1:g0", "farm:result:v1:r:p1:g0", "farm:started:r:p1:g0", "farm:result:v2:p1"):
         assert settings.notice_of(foreign) is None
+
+
+def _many(tmp_path: Any, count: int, instant: bool = True) -> tuple[Any, Settings, dict[str, Any]]:
+    """A catalog of ``count`` problems and embedded parts (``instant``: whose groups return one real result each,
+    instantly)."""
+    import dataclasses
+
+    from farm_helpers import write_catalog
+
+    from farm_cli import _embedded_parts
+    from farm_coordinator.catalog import load_catalog
+
+    workloads = ", ".join(f'{{ n = {10 + i}, dtype = "float64" }}' for i in range(count))
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", f"""
+[[problems]]
+operation = "farmtest_scale"
+workloads = [{workloads}]
+"""), ("farm_testops",))
+    settings = Settings(max_in_flight=64)
+    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    real, template = parts["dispatcher"].execute, {}
+
+    def once(task, queue):
+        if task.group not in template:
+            template[task.group] = real(task, queue)
+        return dataclasses.replace(template[task.group], run=task.run, problem_id=task.problem_id)
+
+    if instant:
+        parts["dispatcher"].execute = once
+    return catalog, settings, parts
+
+
+def test_a_run_keeps_counts_and_one_compact_entry_per_problem_and_only_the_first_aggregates(tmp_path):
+    from farm_cli import summary as report
+    from farm_coordinator.run import tune
+
+    catalog, settings, parts = _many(tmp_path, 300)
+    calls: list[int] = []
+    publish_many = parts["sink"].publish_many
+    parts["sink"].publish_many = lambda pubs: calls.append(len(pubs)) or publish_many(pubs)
+    summary = tune(catalog, settings=settings, keep_aggregates=10, **parts)
+    assert (summary.published, summary.failures, len(summary.problems), len(summary.aggregates)) == (300, 0, 300, 10)
+    assert sum(calls) == 300 and len(calls) < 300  # published in batches
+    rows = report.rows(summary, parts["sink"])  # the CLI's summary reads the records back from the cache
+    assert len(rows) == 300 and all(r["source"] == "ran" and r["winner"] for r in rows)
+    assert not report.failures(rows)
+    again = tune(catalog, settings=settings, keep_aggregates=10, **parts)
+    assert (again.published, again.decided_before, len(again.already_decided), again.aggregates) == (0, 300, 300, [])
+    assert {r["source"] for r in report.rows(again, parts["sink"])} == {"reused"}
+
+
+def test_the_embedded_farm_holds_no_group_result_it_has_handled(tmp_path):
+    from farm_coordinator.run import tune
+
+    catalog, settings, parts = _many(tmp_path, 3, instant=False)
+    summary = tune(catalog, settings=settings, **parts)
+    assert summary.published == 3
+    (context,) = parts["fleet"].contexts.values()
+    assert context.results.get_many([("x", "y", "z")]) == [None] and not context.results._results
+
+
+def test_problems_a_timed_out_run_never_took_fail_with_the_reason_and_are_never_expanded(tmp_path, monkeypatch):
+    from farm_coordinator import plan
+    from farm_coordinator.run import tune
+
+    catalog, settings, parts = _many(tmp_path, 300)
+    made: list[str] = []
+    problem = plan.Planner.problem
+    monkeypatch.setattr(plan.Planner, "problem", lambda self, *a: made.append(a[-1]) or problem(self, *a))
+    summary = tune(catalog, settings=settings, timeout=-1.0, **parts)  # past its deadline from the start
+    assert (summary.published, summary.failures, len(summary.problems)) == (0, 300, 300)
+    assert {error for _, error in summary.failed} == {"not started before the timeout"} and made == []

@@ -23,7 +23,15 @@ from farm.environment import fingerprint_digest
 from farm.errors import FailureKind, TuneFailure
 from farm.policy import MemoryEviction, Mode
 from farm.stores import local as local_module
-from farm.stores.base import SCHEMA_VERSION, CorruptRecord, DecisionRecord, _checksum, key_hash, key_sha256
+from farm.stores.base import (
+    SCHEMA_VERSION,
+    CorruptRecord,
+    DecisionRecord,
+    Publication,
+    _checksum,
+    key_hash,
+    key_sha256,
+)
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
 from farm.stores.memory import MemoryStore
 
@@ -219,6 +227,43 @@ def test_an_application_with_capacity_3_keeps_every_record_the_farm_published(tm
     assert [app.get(f"app-{n}") is not None for n in range(6)] == [False, False, False, True, True, True]
     assert (app.count(FARM), app.count(APP)) == (20, 3)
     assert farm_side.decided(fingerprint_digest("fp"), [f"pid-{n}" for n in range(25)]) == {f"pid-{n}" for n in range(20)}
+
+
+def test_one_batch_of_publications_stores_what_one_by_one_would(tmp_path: Path) -> None:
+    """Two problems may share a cache key (workloads differing only in their seed): a batch indexes both, and the
+    key holds the last record the replacement rule accepted, as publishing them in turn does."""
+    now = time.time()
+    batch = [Publication(record("k", created=now - 10), "fp", "pid-a", ({"pair": 0},)),
+             Publication(record("k", name="newer", index=2, created=now), "fp", "pid-b", ({"pair": 1},)),
+             Publication(record("k", name="older", created=now - 20), "fp", "pid-c"),
+             Publication(record("other", created=now), "fp", "pid-d")]
+    one_by_one = LocalStore(tmp_path / "one", owner=FARM)
+    in_turn = [one_by_one.publish_many([pub])[0] for pub in batch]
+    together = LocalStore(tmp_path / "batch", owner=FARM)
+    assert together.publish_many(batch) == in_turn == [(True, "new"), (True, "replaced"),
+                                                      (False, "kept: the stored record wins under the replacement rule"),
+                                                      (True, "new")]
+    pids = ["pid-a", "pid-b", "pid-c", "pid-d"]
+    for store in (one_by_one, together):
+        assert store.decided(fingerprint_digest("fp"), pids) == {"pid-a", "pid-b", "pid-d"}
+        assert (store.get("k").name, store.trials("k"), len(store)) == ("newer", [{"pair": 1}], 2)
+
+
+def test_the_farm_moves_its_write_ahead_log_into_the_file_on_a_thread_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(local_module, "FARM_CHECKPOINT_BYTES", 1)  # ask after every publication
+    farm_side = LocalStore(tmp_path, owner=FARM)
+    farm_side.publish_many([Publication(record(f"k{n}"), "fp", f"pid-{n}") for n in range(50)])
+    file_only = f"file:{tmp_path / STORE_FILE}?immutable=1"  # what the file holds, without the log
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.closing(sqlite3.connect(file_only, uri=True)) as view, contextlib.suppress(sqlite3.Error):
+            if view.execute("SELECT count(*) FROM decisions").fetchone()[0] == 50:  # no table yet: not yet
+                break
+        assert time.monotonic() < deadline, "the checkpoint never ran"
+        time.sleep(0.05)
+    farm_side.close()  # waits for the checkpoints under way: no thread is left behind
+    assert farm_side._checkpoints._thread is None and LocalStore(tmp_path).get("k7") is not None
 
 
 def test_a_failed_write_keeps_the_old_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from farm.errors import CorruptRecord
@@ -36,18 +36,24 @@ class DecisionRecord:
     created: float
     meta: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"schema": SCHEMA_VERSION, **asdict(self)}
+    def _body(self) -> dict[str, Any]:
+        # The fields as they are, ``meta`` as a plain dict: a shallow copy (``asdict`` deep-copied ``meta`` and its
+        # candidates on every publication only to replace it).
+        body: dict[str, Any] = {"schema": SCHEMA_VERSION}
+        for name in _RECORD_FIELDS:
+            body[name] = getattr(self, name)
         body["meta"] = dict(self.meta)
+        return body
+
+    def to_dict(self) -> dict[str, Any]:
+        body = self._body()
         body["checksum"] = _checksum(body)
         return body
 
     def to_json(self) -> str:
         """Canonical JSON with the checksum as the LAST member, so :meth:`from_json` verifies the text itself
         (one sha256, no re-serialization) on the fleet's read path."""
-        body: dict[str, Any] = {"schema": SCHEMA_VERSION, **asdict(self)}
-        body["meta"] = dict(self.meta)
-        text = _canonical(body)
+        text = _canonical(self._body())
         return f'{text[:-1]},"checksum":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
 
     @classmethod
@@ -113,6 +119,9 @@ class DecisionRecord:
     def is_fresh(self, now: float, ttl: float) -> bool:
         """Within ttl and not dated in the future."""
         return self.created <= now and now - self.created <= ttl
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
 
 
 def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:

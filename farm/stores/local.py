@@ -32,6 +32,7 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash, outranks
+from farm.stores.checkpoints import Checkpoints
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
 from farm.stores.migrate import legacy_files, migrate, replace_row
@@ -43,6 +44,8 @@ STORE_SCHEMA = 1
 PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
 _BATCH = 1000
 _ROWS = 199  # rows per multi-row statement: 5 values each, within SQLite's oldest limit of 999 variables
+FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (farm.stores.checkpoints) after this much written
+FARM_CHECKPOINT_PAGES = 16384  # ...and SQLite's own automatic one, the backstop, waits for this many WAL pages
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -92,6 +95,8 @@ class LocalStore:
         self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
         self._pid = 0
         self._lock = threading.RLock()
+        self._checkpoints = Checkpoints(self.path, self.timeout)
+        self._unchecked = 0  # bytes the farm published since it last asked for a checkpoint
 
     # -- connection ---------------------------------------------------------------------------------------------
 
@@ -135,6 +140,8 @@ class LocalStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
             conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
+            if self.owner == FARM:  # checkpoints run on a thread of their own (farm.stores.checkpoints)
+                conn.execute(f"PRAGMA wal_autocheckpoint={FARM_CHECKPOINT_PAGES}")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
                 self._create(conn)
@@ -194,6 +201,7 @@ class LocalStore:
                 raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
 
     def close(self) -> None:
+        self._checkpoints.close()
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
@@ -255,6 +263,7 @@ class LocalStore:
         (the B-trees fill in order), many per statement."""
         results: list[list[tuple[bool, str]]] = []
         staged: dict[bytes, tuple[bool, float, str, str, str | None, str]] = {}  # what each touched key will hold
+        indexed: list[tuple[str, str, bytes]] = []  # (digest, problem id, key) of every publication accepted
         stored: set[bytes] = set()  # keys with a row to delete first
         fingerprints: dict[str, str] = {}
         kept = (False, "kept: the stored record wins under the replacement rule")
@@ -284,6 +293,9 @@ class LocalStore:
                                     continue
                         staged[key] = (verified[i], created[i], digest, batch.texts[i], batch.problem_ids[i] or None,
                                        batch.trials[i])
+                        pid = batch.problem_ids[i]
+                        if pid:  # as if published one by one: two problems may share a cache key
+                            indexed.append((digest, pid, key))
                         replies.append((True, "new" if held is None and key not in old_rows else "replaced"))
                 fingerprints[digest] = batch.fingerprint
                 results.append(replies)
@@ -301,8 +313,12 @@ class LocalStore:
                              + ",".join(["(?, ?, ?, ?, ?)"] * len(rows)),
                              [value for k, v in rows for value in (k, FARM, v[1], v[4], v[3])])
             conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)", [(k, v[5] or "[]") for k, v in items])
-            conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)",
-                             [(v[2], v[4], k) for k, v in items if v[4]])
+            for at in range(0, len(indexed), _BATCH):
+                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", indexed[at : at + _BATCH])
+            self._unchecked += sum(len(v[3]) + len(v[5] or "") for _, v in items)
+        if self._unchecked >= FARM_CHECKPOINT_BYTES:
+            self._unchecked = 0
+            self._checkpoints.request()
         return results
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
