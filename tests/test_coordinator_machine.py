@@ -152,31 +152,10 @@ def test_a_group_that_never_starts_while_its_queue_stands_still_is_sent_again_wi
 
 
 def test_a_run_leases_problems_in_a_window_refilled_as_they_finish(tmp_path):
-    import dataclasses
-
-    from farm_helpers import write_catalog
-
-    from farm_cli import _embedded_parts
-    from farm_coordinator.catalog import load_catalog
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.run import tune
 
-    workloads = ", ".join(f'{{ n = {10 + i}, dtype = "float64" }}' for i in range(600))
-    catalog = load_catalog(write_catalog(tmp_path / "c.toml", f"""
-[[problems]]
-operation = "farmtest_scale"
-workloads = [{workloads}]
-"""), ("farm_testops",))
-    settings = Settings(max_in_flight=64)
-    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
-    real, template = parts["dispatcher"].execute, {}
-
-    def instant(task, queue):  # the coordinator is under test here, not the trials: one real result per group
-        if task.group not in template:
-            template[task.group] = real(task, queue)
-        return dataclasses.replace(template[task.group], run=task.run, problem_id=task.problem_id)
-
-    parts["dispatcher"].execute = instant
+    catalog, settings, parts = _many(tmp_path, 600)  # the coordinator is under test, not the trials
     sizes: list[int] = []
 
     class CountingLeases(LocalLeases):

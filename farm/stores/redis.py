@@ -71,6 +71,14 @@ class KeyLayout:
 field_for = key_sha256  # the hash field of a cache key (farm.stores.base.key_sha256, its one definition)
 
 
+def connection(pool: Any, command: str) -> Any:
+    """A connection of redis-py's ``pool`` for packed commands (release it to the pool when done)."""
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py before 5.3 needs a command name
+        return pool.get_connection(command)
+
+
 def _resp(args: list[bytes]) -> bytes:
     """One command in the Redis protocol (RESP): an array of bulk strings."""
     out = [b"*%d\r\n" % len(args)]
@@ -229,10 +237,7 @@ class RedisDecisions:
         for keys, args in calls:
             commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
         pool = self.client.connection_pool
-        try:
-            conn = pool.get_connection()
-        except TypeError:  # redis-py before 5.3 needs a command name
-            conn = pool.get_connection("FCALL")
+        conn = connection(pool, "FCALL")
         try:
             if len(calls) == 1:
                 conn.send_packed_command([commands[0]])

@@ -23,7 +23,7 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.stores.base import PublicationBatch
-from farm.stores.redis import RedisDecisions
+from farm.stores.redis import RedisDecisions, connection
 
 BATCH = 1000  # decisions per transaction (farm_judge unpacks its fields: at most 7,000)
 RETRIES = 8
@@ -74,10 +74,7 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
     parts: Iterator[_Part] = (_Part(batch, at, min(at + size, len(batch))) for at in range(0, len(batch), size))
     results: list[tuple[bool, str]] = []
     pool = decisions.client.connection_pool
-    try:
-        conn = pool.get_connection()
-    except TypeError:  # redis-py before 5.3 needs a command name
-        conn = pool.get_connection("WATCH")
+    conn = connection(pool, "WATCH")
     try:
         part = next(parts, None)
         if part is not None:
