@@ -8,7 +8,8 @@
 (b) the farm with two `farm worker` processes (cpu:0, cpu:1) and a private redis-server for each --farm-sizes:
     decisions/s, coordinator peak RSS and Redis memory per decision;
 (c) archives of --archive-decisions synthetic decisions (4 trial rows each): export rate (Redis -> archive), bytes
-    per decision, import rates into a fresh Redis and a fresh local cache (verification included);
+    per decision, the rate of verification alone (what every import does before it writes), and import rates into a
+    fresh Redis and a fresh local cache (verification included);
 (d) a local cache of --cache-decisions decisions: an application's first lookup (the disk tier: LocalStore.get of a
     key not yet in memory; p50 over 1,000 keys) and first and second select() (a memory hit).
 
@@ -157,6 +158,10 @@ def archive_runs(n: int, directory: Path) -> list[str]:
         written = exported[0].written
         lines.append(f"  export Redis -> archive: {n / export_s:8,.0f} decisions/s; archive "
                      f"{written.bytes / n:.1f} bytes/decision ({written.trials:,} trial rows)")
+        t = time.perf_counter()
+        load_archives(directory / "archives")
+        verify_s = time.perf_counter() - t
+        lines.append(f"  verify (read + every check, nothing written): {n / verify_s:8,.0f} decisions/s")
         t = time.perf_counter()
         result = import_redis(load_archives(directory / "archives"),
                               RedisDecisions(client=server.client(2), settings=settings))

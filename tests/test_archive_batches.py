@@ -4,6 +4,7 @@ decision), and all or nothing into a local cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -151,6 +152,71 @@ def test_trial_rows_come_back_as_the_same_values_through_the_json_an_import_writ
         assert same(json.loads(text), want), (json.loads(text), want)
 
 
+@pytest.mark.parametrize("value", [-0.0, 0.0, 1.0, 2.5e-300, math.nan, math.inf, None])
+def test_a_trial_value_every_row_holds_is_written_as_json_writes_it(tmp_path, value):
+    """A column that holds one value in every row is encoded once: -0.0 stays -0.0, a whole float stays a float,
+    a non-finite one goes through json (as every row does), and so does a string json escapes."""
+    records = [make_record(key_for(FP_A, f"n={i}")) for i in range(50)]
+    entries = [arc.ArchiveEntry(r, None, tuple({**t, "max_abs_error": value, "host": "größe", "note": "same"}
+                                               for t in make_trials(r, 3))) for r in records]
+    archive = arc.read_archive(arc.write_archive(tmp_path, FP_A, entries).path)
+    for text in archive.rows.trials:
+        rows = json.loads(text)
+        assert [r["host"] for r in rows] == ["größe"] * 4 and {r["note"] for r in rows} == {"same"}
+        got = [r["max_abs_error"] for r in rows]
+        if value is None or value != value:
+            assert all(g is None for g in got) if value is None else all(g != g for g in got)
+        else:
+            assert all(type(g) is float and g == value and math.copysign(1, g) == math.copysign(1, value)
+                       for g in got), got
+
+
+def test_key_parts_that_hold_one_value_join_as_the_fields_encoding_does():
+    import pyarrow as pa
+
+    from farm.encoding import fields
+    from farm.stores.archive.checks import join_fields
+
+    one = pa.array(["größe \"q\""] * 3).dictionary_encode()
+    two = pa.array(["a", "b", "a"]).dictionary_encode()
+    plain = pa.array(["x:1", "", "z"])
+    for parts in ([one, "s", one], [one, two, "s", plain], ["s", one], [plain, "t", "u", one]):
+        rows = [fields([p if isinstance(p, str) else p[i].as_py() for p in parts]) for i in range(3)]
+        assert join_fields(parts).to_pylist() == rows
+        assert join_fields(parts, json_text=True).to_pylist() == [json.dumps(r)[1:-1] for r in rows]
+
+
+def test_the_first_bad_row_of_a_batch_is_reported_whatever_its_fault(tmp_path):
+    """Faults in several rows of one batch: the earliest row is named, with its own fault."""
+    entries = [entry(key_for(FP_A, f"n={i}")) for i in range(20)]
+    folder = arc.write_archive(tmp_path, FP_A, entries).path
+
+    def change(rows):
+        rows[12]["key_hash"] += 1  # a later row: a wrong key hash
+        rows[5]["ratio"] = rows[5]["ratio"] * 2  # an earlier row: a column that no longer matches its checksum
+        rows[9]["winner"] = "nobody"
+        return rows
+
+    edit_rows(folder, arc.DECISIONS_FILE, change)
+    with pytest.raises(arc.ArchiveError, match=r"row 5 \(key [0-9a-f]{12}\): column 'checksum'"):
+        arc.read_archive(folder)
+
+
+def test_a_meta_json_fault_is_reported_before_a_fault_in_a_later_batch(tmp_path):
+    """meta_json is checked on a thread beside the rest: still, the fault earliest in the file is reported."""
+    entries = [entry(key_for(FP_A, f"n={i}")) for i in range(2500)]  # the reader decodes 1,024 rows at a time
+    folder = arc.write_archive(tmp_path, FP_A, entries).path
+
+    def change(rows):
+        rows[3]["meta_json"] = "[1, 2]"
+        rows[2100]["key_hash"] += 1
+        return rows
+
+    edit_rows(folder, arc.DECISIONS_FILE, change)
+    with pytest.raises(arc.ArchiveError, match=r"row 3 \(key [0-9a-f]{12}\): column 'meta_json' is a list"):
+        arc.read_archive(folder)
+
+
 # -- Redis: the batch path keeps farm_publish's rule --------------------------------------------------------------
 
 
@@ -202,6 +268,45 @@ def test_a_batch_import_judges_every_decision_as_farm_publish_does(redis_srv):
                                    "replaced: verified beats unverified", "replaced malformed record (unreadable JSON)",
                                    "replaced malformed record (created is in the future)"}
     assert redis_state(batched) == redis_state(one)  # hashes, and every event's fields
+
+
+def test_a_batch_import_encodes_every_value_as_farm_publish_receives_it(redis_srv):
+    """The column-wise encoding of a batch: multi-byte UTF-8 in texts, trial rows, names, runs and problem ids; no
+    trial rows; no problem id (None or ""); verified and unverified; ``created`` whose repr needs 17 digits, the
+    stored one a ulp away; new and kept decisions. Redis ends as it does after one farm_publish per decision."""
+    settings = Settings(prefix=PREFIX)
+    digest = fingerprint_digest(FP_A)
+    one, batched = redis_srv.client(1), redis_srv.client(2)
+    one.flushall()
+    names = ("réf", "schnell\u2603", "其他")
+    stamp = 1e9 + 0.123456789
+    assert len(repr(stamp).replace(".", "")) == 17
+    cases, pubs = [], []
+    for i in range(24):
+        key = key_for(FP_A, f"n={i} größe\u2603", names=names)
+        stored = make_record(key, verified=i % 5 != 4, created=stamp, names=names) if i % 4 else None
+        created = (math.nextafter(stamp, 0.0), stamp, math.nextafter(stamp, math.inf))[i % 3]
+        record = make_record(key, winner=1 + i % 2, verified=i % 6 != 1, created=created, names=names,
+                             run=f"läuft-{i}\U0001d11e", note='größe "\u2603" \\ \U0001d11e')
+        cases.append((f"case {i}", stored.to_json() if stored else None, record))
+        trials = tuple({**t, "note": "größe\u2603 \U0001d11e"} for t in make_trials(record)) if i % 3 else ()
+        text = json.dumps(json.loads(record.to_json()), ensure_ascii=False, separators=(",", ":")) if i % 2 else None
+        pubs.append(Publication(record, FP_A, ("", f"pid-ä{i}\u2603", "")[i % 3], trials, text=text,
+                                trials_text=json.dumps(list(trials), ensure_ascii=False) if trials else None))
+    seed(one, settings, cases)
+    seed(batched, settings, cases)
+    expected = RedisDecisions(client=one, settings=settings).publish_many(pubs)
+    batch = PublicationBatch.of(FP_A, pubs)
+    batch = dataclasses.replace(batch, problem_ids=[p if p or i % 2 else None for i, p in enumerate(batch.problem_ids)])
+    got = redis_batch.publish_batch(RedisDecisions(client=batched, settings=settings), batch, size=5)
+    assert got == expected
+    assert {r for _, r in got} == {"new", "kept: the stored record is newer", "replaced: newer run",
+                                   "kept: a verified record beats an unverified one",
+                                   "replaced: verified beats unverified"}
+    assert redis_state(batched) == redis_state(one)  # hashes, and every event's fields
+    for key in (settings.decisions_key(digest), settings.trials_key(digest), settings.problems_key(digest)):
+        assert batched.hgetall(key) == one.hgetall(key)  # the texts themselves (redis_state reads trial rows)
+    assert any(ord(c) > 0xFFFF for text in one.hgetall(settings.trials_key(digest)).values() for c in text)
 
 
 @pytest.mark.parametrize("size", [1000, 1])
@@ -262,6 +367,11 @@ class _FailingTrials:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+
+    def execute(self, sql: str, *args):  # type: ignore[no-untyped-def]
+        if sql.startswith("INSERT OR REPLACE INTO trials"):
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        return self.conn.execute(sql, *args)
 
     def executemany(self, sql: str, rows):  # type: ignore[no-untyped-def]
         if sql.startswith("INSERT OR REPLACE INTO trials"):

@@ -22,7 +22,9 @@ operation = "farmtest_scale"
 workloads = [{ n = 120000, dtype = "float64" }, { n = 120001, dtype = "float64" },
              { n = 120002, dtype = "float64" }, { n = 120003, dtype = "float64" }]
 """
-GROUPS = 8  # 4 problems x 2 priority groups
+PROBLEMS, GROUPS = 4, 8  # 4 problems x 2 priority groups. A problem's groups share its 2 s budget, in turn: on a
+# loaded machine the first group's slow reference may spend it, and the second is then recorded not tried without
+# being sent (nothing to count). What must hold is that no group runs twice.
 
 
 def coordinator(f, catalog) -> subprocess.Popen[str]:
@@ -63,7 +65,7 @@ def test_a_coordinator_killed_mid_run_and_restarted_does_not_repeat_finished_gro
         assert second.returncode == 0, err
         assert len(decisions(f)) == 4
         counts = executions(f)
-        assert len(counts) == GROUPS
+        assert PROBLEMS <= len(counts) <= GROUPS, counts  # every first group; a second one while the budget lasts
         assert set(counts.values()) == {1}, counts
 
 
@@ -76,7 +78,7 @@ def test_two_coordinators_on_one_catalog_run_every_group_once(redis_srv, tmp_pat
             assert process.returncode == 0, err
         assert len(decisions(f)) == 4
         counts = executions(f)
-        assert len(counts) == GROUPS
+        assert PROBLEMS <= len(counts) <= GROUPS, counts  # every first group; a second one while the budget lasts
         assert set(counts.values()) == {1}, counts
         assert len(f.client().xrange(f.settings.events_key)) == 4  # each decision published once
 

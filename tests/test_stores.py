@@ -249,6 +249,41 @@ def test_one_batch_of_publications_stores_what_one_by_one_would(tmp_path: Path) 
         assert (store.get("k").name, store.trials("k"), len(store)) == ("newer", [{"pair": 1}], 2)
 
 
+def _rows_by_owner(directory: Path) -> dict[int, int]:
+    with contextlib.closing(sqlite3.connect(directory / STORE_FILE)) as conn:
+        return dict(conn.execute("SELECT owner, count(*) FROM decisions GROUP BY owner").fetchall())
+
+
+def test_the_counts_follow_every_write_of_both_owners(tmp_path: Path) -> None:
+    """After publications (new, replaced, kept, a key twice in one batch, in many-row statements), farm puts,
+    application puts, pruning and deletes, the counts are the rows each owner holds."""
+    now = time.time()
+    farm_side = LocalStore(tmp_path, owner=FARM)
+    farm_side.publish_many([Publication(record(f"f{n}", created=now - n), "fp", f"pid-{n}") for n in range(10)])
+    farm_side.publish_many([Publication(record("f1", created=now + 1), "fp", "pid-1"),  # replaced
+                            Publication(record("f2", created=now - 100), "fp", "pid-2"),  # kept
+                            Publication(record("g", created=now - 5), "fp", "pid-g"),  # new, then replaced
+                            Publication(record("g", created=now), "fp", "pid-g")])
+    farm_side.put(record("f3", created=now + 2))  # a farm put replaces a farm row
+    farm_side.put(record("h"))
+    app = LocalStore(tmp_path, 3)
+    for n in range(5):
+        app.put(record(f"a{n}"))
+    app.put(record("f4"))  # an application's write over a farm row: the row becomes the application's
+    app.delete("a4")
+    farm_side.delete("f5")
+    assert _rows_by_owner(tmp_path) == {FARM: 10, APP: 2}  # capacity 3, then a delete
+    assert (app.count(FARM), app.count(APP), len(app)) == (10, 2, 12)
+
+
+def test_a_store_schema_this_farm_does_not_know_is_refused_naming_the_file(tmp_path: Path) -> None:
+    LocalStore(tmp_path).put(record("k"))
+    with contextlib.closing(sqlite3.connect(tmp_path / STORE_FILE, isolation_level=None)) as conn:
+        conn.execute("PRAGMA user_version = 7")
+    with pytest.raises(CorruptRecord, match=r"farm-cache\.sqlite3: store schema version 7; this farm reads 1"):
+        LocalStore(tmp_path).get("k")
+
+
 def test_the_farm_moves_its_write_ahead_log_into_the_file_on_a_thread_of_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(local_module, "FARM_CHECKPOINT_BYTES", 1)  # ask after every publication

@@ -35,7 +35,7 @@ from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_
 from farm.stores.checkpoints import Checkpoints
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
-from farm.stores.migrate import legacy_files, migrate, replace_row
+from farm.stores.migrate import legacy_files, migrate, replace_row, statements, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
 _BATCH = 1000
-_ROWS = 199  # rows per multi-row statement: 5 values each, within SQLite's oldest limit of 999 variables
 FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (farm.stores.checkpoints) after this much written
 FARM_CHECKPOINT_PAGES = 16384  # ...and SQLite's own automatic one, the backstop, waits for this many WAL pages
 
@@ -71,6 +70,11 @@ CREATE TRIGGER decisions_removed AFTER DELETE ON decisions BEGIN
     DELETE FROM trials WHERE key = old.key;
 END;
 """
+
+# A key's staged publication: (verified, created, record text, problem id, trial rows JSON).
+_Staged = tuple[bool, float, str, str | None, str]
+_NEW = (True, "new")
+_KEPT = (False, "kept: the stored record wins under the replacement rule")
 
 
 class LocalStore:
@@ -154,14 +158,13 @@ class LocalStore:
 
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
+        migrated: list[Path] = []
         try:
             if conn.execute("PRAGMA user_version").fetchone()[0] == 0:  # another process may have won the race
-                for statement in _statements(_SCHEMA):
+                for statement in statements(_SCHEMA):
                     conn.execute(statement)
                 migrated = migrate(conn, self.directory)
                 conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
-            else:
-                migrated = []
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -259,67 +262,73 @@ class LocalStore:
         """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): each record with
         its trial rows, the fingerprint text and the problem index; all of it is written or none of it. Returns,
         per batch, (replaced, "new" | "replaced" | "kept: ...") per decision. A key published twice keeps the
-        winner of the two. Stored records are looked up ``_BATCH`` keys at a time; rows are written in key order
-        (the B-trees fill in order), many per statement."""
+        winner of the two. Stored records are looked up ``_BATCH`` keys at a time (a part whose keys are all new
+        is staged at once); rows are written in key order (the B-trees fill in order), many per statement."""
         results: list[list[tuple[bool, str]]] = []
-        staged: dict[bytes, tuple[bool, float, str, str, str | None, str]] = {}  # what each touched key will hold
+        staged: dict[bytes, _Staged] = {}  # what each touched key will hold
         indexed: list[tuple[str, str, bytes]] = []  # (digest, problem id, key) of every publication accepted
         stored: set[bytes] = set()  # keys with a row to delete first
         fingerprints: dict[str, str] = {}
-        kept = (False, "kept: the stored record wins under the replacement rule")
         with self._write() as conn:
             for batch in batches:
                 digest = fingerprint_digest(batch.fingerprint)
                 replies: list[tuple[bool, str]] = []
-                keys, verified, created = batch.digests, batch.verified, batch.created
                 for at in range(0, len(batch), _BATCH):
-                    unseen = list({k for k in keys[at : at + _BATCH] if k not in staged})
+                    stop = min(at + _BATCH, len(batch))
+                    keys = batch.digests[at:stop]
+                    unseen = {k for k in keys if k not in staged}
                     old_rows = dict(conn.execute(
-                        f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})", unseen
-                    ).fetchall()) if unseen else {}
+                        f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})",
+                        list(unseen)).fetchall()) if unseen else {}
                     stored.update(old_rows)
-                    for i in range(at, min(at + _BATCH, len(batch))):
-                        key = keys[i]
-                        held = staged.get(key)
-                        if held is not None:
-                            if not outranks(verified[i], created[i], held[0], held[1]):
-                                replies.append(kept)
-                                continue
-                        elif key in old_rows:
-                            with contextlib.suppress(CorruptRecord):
-                                old = DecisionRecord.from_json(old_rows[key], expected_key=batch.cache_keys[i])
-                                if not outranks(verified[i], created[i], old.verified, old.created):
-                                    replies.append(kept)
-                                    continue
-                        staged[key] = (verified[i], created[i], digest, batch.texts[i], batch.problem_ids[i] or None,
-                                       batch.trials[i])
-                        pid = batch.problem_ids[i]
-                        if pid:  # as if published one by one: two problems may share a cache key
-                            indexed.append((digest, pid, key))
-                        replies.append((True, "new" if held is None and key not in old_rows else "replaced"))
+                    if not old_rows and len(unseen) == len(keys):  # distinct keys, none stored or staged
+                        pids = batch.problem_ids[at:stop]
+                        staged.update(zip(keys, zip(batch.verified[at:stop], batch.created[at:stop],
+                                                    batch.texts[at:stop], pids, batch.trials[at:stop],
+                                                    strict=True), strict=True))
+                        indexed += [(digest, pid, key) for pid, key in zip(pids, keys, strict=True) if pid]
+                        replies += [_NEW] * len(keys)
+                    else:
+                        replies += [self._stage(batch, i, digest, staged, old_rows, indexed) for i in range(at, stop)]
                 fingerprints[digest] = batch.fingerprint
                 results.append(replies)
             conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", fingerprints.items())
             items = sorted(staged.items())
-            # Many rows per statement: a statement on this table runs the count triggers, so SQLite keeps a
-            # statement journal of the pages it changes (the counts page included) for each statement.
             gone = [k for k, _ in items if k in stored]
-            for at in range(0, len(gone), _ROWS):
-                part = gone[at : at + _ROWS]
-                conn.execute(f"DELETE FROM decisions WHERE key IN ({','.join('?' * len(part))})", part)
-            for at in range(0, len(items), _ROWS):
-                rows = items[at : at + _ROWS]
-                conn.execute("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES "
-                             + ",".join(["(?, ?, ?, ?, ?)"] * len(rows)),
-                             [value for k, v in rows for value in (k, FARM, v[1], v[4], v[3])])
-            conn.executemany("INSERT OR REPLACE INTO trials VALUES (?, ?)", [(k, v[5] or "[]") for k, v in items])
-            for at in range(0, len(indexed), _BATCH):
-                conn.executemany("INSERT OR REPLACE INTO problems VALUES (?, ?, ?)", indexed[at : at + _BATCH])
-            self._unchecked += sum(len(v[3]) + len(v[5] or "") for _, v in items)
+            write_rows(conn, "DELETE FROM decisions WHERE key IN ({})", "?", gone)
+            # Many rows per statement: fewer statements (each one's journal and trigger program) for the same rows.
+            write_rows(conn, "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES {}", "(?, ?, ?, ?, ?)",
+                  [(k, FARM, v[1], v[3] or None, v[2]) for k, v in items])
+            write_rows(conn, "INSERT OR REPLACE INTO trials VALUES {}", "(?, ?)", [(k, v[4] or "[]") for k, v in items])
+            problems = {(d, pid): key for d, pid, key in indexed}  # a problem indexed twice: the later key
+            write_rows(conn, "INSERT OR REPLACE INTO problems VALUES {}", "(?, ?, ?)",
+                  [(d, pid, key) for (d, pid), key in sorted(problems.items())])
+            self._unchecked += sum(len(v[2]) + len(v[4] or "") for v in staged.values())
         if self._unchecked >= FARM_CHECKPOINT_BYTES:
             self._unchecked = 0
             self._checkpoints.request()
         return results
+
+    @staticmethod
+    def _stage(batch: PublicationBatch, i: int, digest: str, staged: dict[bytes, _Staged],
+               old_rows: dict[bytes, str], indexed: list[tuple[str, str, bytes]]) -> tuple[bool, str]:
+        """Decision ``i`` of ``batch`` against what its key holds (staged in this transaction, or stored)."""
+        key = batch.digests[i]
+        verified, created = batch.verified[i], batch.created[i]
+        held = staged.get(key)
+        if held is not None:
+            if not outranks(verified, created, held[0], held[1]):
+                return _KEPT
+        elif key in old_rows:
+            with contextlib.suppress(CorruptRecord):
+                old = DecisionRecord.from_json(old_rows[key], expected_key=batch.cache_keys[i])
+                if not outranks(verified, created, old.verified, old.created):
+                    return _KEPT
+        pid = batch.problem_ids[i]
+        staged[key] = (verified, created, batch.texts[i], pid, batch.trials[i])
+        if pid:  # as if published one by one: two problems may share a cache key
+            indexed.append((digest, pid, key))
+        return (True, "new" if held is None and key not in old_rows else "replaced")
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` have a stored decision for this fingerprint."""
@@ -371,23 +380,3 @@ def _stamp(path: Path) -> tuple[int, int]:
         st = os.stat(path)
         return (st.st_mtime_ns, st.st_size)
     return (0, 0)
-
-
-def _statements(script: str) -> Iterator[str]:
-    statement = ""
-    for line in script.splitlines(keepends=True):
-        statement += line
-        if sqlite3.complete_statement(statement):
-            yield statement
-            statement = ""
-
-
-def _replace(conn: sqlite3.Connection, key: bytes, owner: int, created: float, problem_id: str | None,
-             text: str) -> None:
-    # DELETE then INSERT (not INSERT OR REPLACE): the row gets a new write-order id and the count triggers fire.
-    conn.execute("DELETE FROM decisions WHERE key = ?", (key,))
-    conn.execute("INSERT INTO decisions (key, owner, created, problem_id, record) VALUES (?, ?, ?, ?, ?)",
-                 (key, owner, created, problem_id, text))
-
-
-# -- the previous format: read once, migrated -------------------------------------------------------------------

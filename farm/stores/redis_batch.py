@@ -12,13 +12,16 @@ A batch is published in two steps inside one ``WATCH`` of the fingerprint's deci
 If anything touched the decisions hash in between, EXEC does nothing and the batch is judged again (after
 ``RETRIES`` tries, it goes through ``farm_publish`` one call per decision). Each batch is one transaction: a
 refusal leaves the batches before it applied, and since every publication is idempotent under the rule,
-publishing again completes it. Commands are packed here (redis-py's generic packing costs more than the server's
-work); the next batch is judged right after this one's transaction, and encoded while the server runs it.
+publishing again completes it. Commands are packed here, column by column (redis-py's generic packing, or any
+Python work per value, costs more than the server's): a part's values become Arrow arrays, pyarrow compute builds
+every RESP bulk string and selects the winners' rows, and their arguments are sent straight from the arrays' data.
+The next batch is judged right after this one's transaction, and encoded while the server runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import struct
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from farm.environment import fingerprint_digest
@@ -37,23 +40,99 @@ def _command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
 
 
+# Column-wise encoding (pyarrow compute): the values of a part are the rows of large_string arrays (64-bit
+# offsets: no 2 GiB bound), encoded for all rows at once by Arrow's kernels, with no Python object per value.
+_Chunk = bytes | memoryview  # what is sent: packed commands, and views of the arrays' data
+
+
+def _column(values: Sequence[str | None]) -> Any:
+    """The values as a large_string array (None: null)."""
+    import pyarrow as pa
+
+    return pa.array(values, pa.large_string())
+
+
+def _join(*parts: Any) -> Any:
+    """Element-wise concatenation of large_string arrays and ``str`` constants (repeated on every row); null
+    where any array is null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.binary_join_element_wise(
+        *(pa.scalar(p, pa.large_string()) if isinstance(p, str) else p for p in parts), pa.scalar("", pa.large_string()))
+
+
+def _bulks(values: Any) -> tuple[Any, ...]:
+    """The pieces of each value's RESP bulk string, for :func:`_join`: ``$``, its UTF-8 byte length, CRLF, the
+    value, CRLF."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return "$", pc.cast(pc.binary_length(values), pa.large_string()), "\r\n", values, "\r\n"
+
+
+def _either(mask: Any, yes: str, no: str) -> Any:
+    """``yes`` where ``mask`` holds, ``no`` elsewhere (large_string)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.if_else(mask, pa.scalar(yes, pa.large_string()), pa.scalar(no, pa.large_string()))
+
+
+def _present(values: Any) -> Any:
+    """Whether each value is there: neither null nor empty."""
+    import pyarrow.compute as pc
+
+    return pc.fill_null(pc.greater(pc.binary_length(values), 0), False)
+
+
+def _where(rows: Any, mask: Any) -> Any:
+    """The rows where ``mask`` holds (all of them without a copy when it always does)."""
+    import pyarrow.compute as pc
+
+    return rows if mask.false_count == 0 else pc.filter(rows, mask)
+
+
+def _packed(rows: Any) -> memoryview:
+    """The rows of a large_string array without nulls, concatenated, as a view of its data buffer: the rows are
+    contiguous there, between the first and the last offset."""
+    if len(rows) == 0:
+        return memoryview(b"")
+    if rows.null_count:
+        raise ValueError("cannot pack a column holding nulls")
+    _, offsets, data = rows.buffers()
+    if data is None:  # every row empty
+        return memoryview(b"")
+    (first,) = struct.unpack_from("=q", offsets, 8 * rows.offset)
+    (last,) = struct.unpack_from("=q", offsets, 8 * (rows.offset + len(rows)))
+    return memoryview(data)[first:last]
+
+
 class _Part:
-    """Decisions ``start`` to ``stop`` of a batch, encoded once (RESP bulk strings) for the two steps."""
+    """Decisions ``start`` to ``stop`` of a batch, encoded once, column-wise, for the two steps: ``judge`` the
+    arguments of farm_judge (packed), the others one row per decision (RESP bulk strings, large_string arrays):
+    ``fields``, ``records`` (field and record), ``trials`` (field and trial rows: written where ``with_trials``,
+    the field deleted elsewhere), ``problems`` (problem id and field: written where ``with_problem``) and
+    ``events`` (field, winner, verified and run: the arguments of the decision's event but its reason)."""
 
     def __init__(self, batch: PublicationBatch, start: int, stop: int) -> None:
+        import pyarrow as pa
+
         self.start, self.stop = start, stop
-        self.fields = [_bulk(d.hex().encode()) for d in batch.digests[start:stop]]
-        self.verified = batch.verified[start:stop]
-        self.judge = b"".join(
-            b"%s%s%s" % (field, b"$1\r\n1\r\n" if v else b"$1\r\n0\r\n", _bulk(b"%r" % created))
-            for field, v, created in zip(self.fields, self.verified, batch.created[start:stop], strict=True))
-        self.records = [_bulk(t.encode()) for t in batch.texts[start:stop]]
-        self.trials = [_bulk(t.encode()) if t else None for t in batch.trials[start:stop]]
-        self.problems = [_bulk(p.encode()) if p else None for p in batch.problem_ids[start:stop]]
-        self.events = [b"%s%s%s%s" % (field, _bulk(name.encode()), b"$4\r\ntrue\r\n" if v else b"$5\r\nfalse\r\n",
-                                      _bulk(run.encode()))
-                       for field, name, v, run in zip(self.fields, batch.names[start:stop], self.verified,
-                                                      batch.runs[start:stop], strict=True)]
+        self.fields = fields = _join(*_bulks(_column([d.hex() for d in batch.digests[start:stop]])))
+        verified = pa.array(batch.verified[start:stop], pa.bool_())
+        created = _column([repr(c) for c in batch.created[start:stop]])  # Python's repr, as Lua's tonumber reads
+        self.judge = bytes(_packed(_join(fields, _either(verified, "$1\r\n1\r\n", "$1\r\n0\r\n"), *_bulks(created))))
+        self.records = _join(fields, *_bulks(_column(batch.texts[start:stop])))
+        trials = _column(batch.trials[start:stop])
+        self.with_trials = _present(trials)
+        self.trials = _join(fields, *_bulks(trials))
+        problems = _column(batch.problem_ids[start:stop])
+        self.with_problem = _present(problems)
+        self.problems = _join(*_bulks(problems), fields)  # null where there is none
+        self.events = _join(fields, *_bulks(_column(batch.names[start:stop])),
+                            _either(verified, "$4\r\ntrue\r\n", "$5\r\nfalse\r\n"),
+                            *_bulks(_column(batch.runs[start:stop])))
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -93,7 +172,8 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
                     break
                 transaction, queued = _transaction(part, keys, reasons, tail, events_head)
                 chained = upcoming is not None  # the next part is judged right after this transaction
-                conn.send_packed_command([transaction + (_judge(keys, upcoming) if upcoming is not None else b"")])
+                after = [_judge(keys, upcoming)] if upcoming is not None else []
+                conn.send_packed_command([*transaction, *after])
                 if not fetched:
                     later, fetched = next(parts, None), True  # encoded while the server works
                 if _read_transaction(conn, queued):
@@ -132,43 +212,34 @@ def _read_judge(conn: Any, part: _Part) -> list[str]:
 
 
 def _transaction(part: _Part, keys: dict[str, bytes], reasons: list[str], tail: bytes,
-                 events_head: bytes) -> tuple[bytes, int]:
-    """MULTI, the winners' writes and events, EXEC (nothing between them when nothing wins), and the number of
-    commands queued."""
-    records: list[bytes] = []
-    trials: list[bytes] = []
-    no_trials: list[bytes] = []
-    problems: list[bytes] = []
-    events: list[bytes] = []
-    winners = 0
-    for i, reason in enumerate(reasons):
-        if reason.startswith("kept"):
-            continue
-        field = part.fields[i]
-        records += (field, part.records[i])
-        rows = part.trials[i]
-        if rows is not None:
-            trials += (field, rows)
-        else:
-            no_trials.append(field)
-        pid = part.problems[i]
-        if pid is not None:
-            problems += (pid, field)
-        events += (part.events[i], _bulk(reason.encode()))
-        winners += 1
-    out = [_command(b"MULTI")]
-    if records:
+                 events_head: bytes) -> tuple[list[_Chunk], int]:
+    """MULTI, the winners' writes and events, EXEC (nothing between them when nothing wins), as the chunks to
+    send, and the number of commands queued. The winners (reasons but "kept...") are the rows selected from the
+    part's arrays; their arguments are sent straight from the arrays' data."""
+    import pyarrow.compute as pc
+
+    said = _column(reasons)
+    wins = pc.invert(pc.starts_with(said, "kept"))
+    out: list[_Chunk] = [_command(b"MULTI")]
+    queued = 0
+    if wins.true_count:
+        records = _where(part.records, wins)
+        trials = _where(part.trials, pc.and_(wins, part.with_trials))
+        problems = _where(part.problems, pc.and_(wins, part.with_problem))
         for name, pairs in (("decisions", records), ("trials", trials), ("problems", problems)):
-            if pairs:
-                out.append(b"*%d\r\n" % (2 + len(pairs)) + _bulk(b"HSET") + _bulk(keys[name]) + b"".join(pairs))
-        if no_trials:
-            out.append(b"*%d\r\n" % (2 + len(no_trials)) + _bulk(b"HDEL") + _bulk(keys["trials"])
-                       + b"".join(no_trials))
-        out.append(tail)
-        out.append(b"*%d\r\n" % (6 + 5 * winners) + _bulk(b"FCALL") + _bulk(b"farm_events") + _bulk(b"1")
-                   + events_head + b"".join(events))
+            if len(pairs):
+                out += (b"*%d\r\n" % (2 + 2 * len(pairs)) + _bulk(b"HSET") + _bulk(keys[name]), _packed(pairs))
+                queued += 1
+        no_trials = _where(part.fields, pc.and_not(wins, part.with_trials))
+        if len(no_trials):
+            out += (b"*%d\r\n" % (2 + len(no_trials)) + _bulk(b"HDEL") + _bulk(keys["trials"]), _packed(no_trials))
+            queued += 1
+        events = _where(_join(part.events, *_bulks(said)), wins)
+        out += (tail, b"*%d\r\n" % (6 + 5 * len(events)) + _bulk(b"FCALL") + _bulk(b"farm_events") + _bulk(b"1")
+                + events_head, _packed(events))
+        queued += 2
     out.append(_command(b"EXEC"))
-    return b"".join(out), len(out) - 2
+    return out, queued
 
 
 def _read_transaction(conn: Any, queued: int) -> bool:

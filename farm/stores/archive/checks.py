@@ -75,9 +75,22 @@ def per_value(column: Any, function: Callable[[Any], Any]) -> Any:
     return function(column)
 
 
+def constant(column: Any) -> str | None:
+    """The one value of a dictionary-encoded string column whose dictionary holds a single value and which has no
+    nulls (every row holds it), else None: such a column joins as a scalar."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type) and len(column.dictionary) == 1 and column.null_count == 0 and len(column):
+        value = column.dictionary[0].as_py()
+        return value if isinstance(value, str) else None
+    return None
+
+
 def join_fields(parts: list[Any], json_text: bool = False) -> Any:
     """Columnar ``farm.encoding.fields``: each part (a string column or a str) as ``<UTF-8 length>:<text>``,
-    joined. ``json_text``: the joined text as it appears inside a JSON string (json.dumps' escapes)."""
+    joined. ``json_text``: the joined text as it appears inside a JSON string (json.dumps' escapes). Parts that
+    hold one value in every row (a str, or a dictionary column of one value) are encoded once and joined with
+    their neighbours before the columns are."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -85,8 +98,19 @@ def join_fields(parts: list[Any], json_text: bool = False) -> Any:
         text = json_escaped(values) if json_text else values
         return pc.binary_join_element_wise(pc.cast(pc.binary_length(values), pa.string()), text, ":")
 
-    encoded = [pa.scalar(f"{len(part.encode())}:{_escape(part) if json_text else part}") if isinstance(part, str)
-               else per_value(part, encode) for part in parts]
+    encoded: list[Any] = []
+    for part in parts:
+        value = part if isinstance(part, str) else constant(part)
+        if value is None:
+            encoded.append(per_value(part, encode))
+            continue
+        text = f"{len(value.encode())}:{_escape(value) if json_text else value}"
+        if encoded and isinstance(encoded[-1], str):
+            encoded[-1] += text
+        else:
+            encoded.append(text)
+    if all(isinstance(e, str) for e in encoded):  # every row the same: as many rows as the columns have
+        return pa.array(encoded * len(next(p for p in parts if not isinstance(p, str))), pa.string())
     return pc.binary_join_element_wise(*encoded, "")
 
 

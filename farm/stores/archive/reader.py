@@ -22,7 +22,7 @@ from farm.stores.archive.files import MAX_GROUP_ROWS as MAX_GROUP_ROWS
 from farm.stores.archive.files import READ_BATCH_ROWS as READ_BATCH_ROWS
 from farm.stores.archive.files import batches, parquet_file, verified_bytes
 from farm.stores.archive.files import read_regular as read_regular
-from farm.stores.archive.rows import ArchiveRows, decode_decisions, trial_texts
+from farm.stores.archive.rows import ArchiveRows, MetaChecks, decode_decisions
 from farm.stores.archive.schema import (
     DATA_FILES,
     DECISION_COLUMNS,
@@ -35,6 +35,7 @@ from farm.stores.archive.schema import (
     ArchiveError,
     check_trial_ranges,
 )
+from farm.stores.archive.trialjson import trial_texts
 from farm.stores.base import DecisionRecord
 
 MAX_MANIFEST_BYTES = 1 << 20
@@ -170,15 +171,23 @@ def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
                 previous = trial_texts(trial_path, batch, at, decisions, texts, previous)
         return texts + [""] * (decisions - len(texts))
 
-    with ThreadPoolExecutor(1, thread_name_prefix="archive-trials") as pool:
+    # Two threads beside this one: the trial rows, and the meta_json checks batch after batch.
+    with ThreadPoolExecutor(2, thread_name_prefix="archive-read") as pool:
         trial_json = pool.submit(trial_rows)
+        metas = MetaChecks(pool)
         try:
             rows = ArchiveRows()
             last: str | None = None
-            for at, batch in batches(path, pf, columns):
-                last = decode_decisions(path, batch, at, manifest["fingerprint"], last, rows)
+            try:
+                for at, batch in batches(path, pf, columns):
+                    last = decode_decisions(path, batch, at, manifest["fingerprint"], last, rows, metas)
+            except ArchiveError:
+                metas.check()  # an earlier row's meta_json error is reported first, as in file order
+                raise
+            rows.runs = metas.runs()
         except BaseException:
             trial_json.cancel()
+            metas.cancel()
             raise
         rows.trials = trial_json.result()
     return Archive(folder, manifest, rows)

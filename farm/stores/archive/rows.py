@@ -4,16 +4,17 @@ A batch of decisions.parquet is checked column-wise first (ranges, key version, 
 parts and strictly increasing, ``meta_json`` a JSON object), its record texts are built column-wise (the canonical
 JSON ``record_body`` gives, strings escaped as json.dumps escapes them), then each row is checked in one tight
 loop: the key's sha256 against ``key_hash``, the key's manifest and accuracy parts (once per distinct value), the
-winner in the manifest, and the sha256 of the record text against the stored ``checksum``. The trial rows of every
-decision become the JSON text that Redis and the local cache store, built column-wise, each distinct string once
-(rows with characters JSON escapes, non-finite numbers or extra fields are encoded by :mod:`json` instead).
+winner in the manifest, and the sha256 of the record text against the stored ``checksum`` (the whole batch's
+sums compared at once; the first failing row is named). ``meta_json`` is checked by Arrow's JSON reader on a
+thread beside this loop (:class:`MetaChecks`). The trial rows become JSON in ``farm.stores.archive.trialjson``.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,7 @@ from farm.stores.archive.checks import (
     per_value,
 )
 from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names
-from farm.stores.archive.schema import (
-    TRIAL_FIELDS,
-    TRIAL_TYPES,
-    _encode_string,
-    _short,
-)
+from farm.stores.archive.schema import _encode_string, _short
 from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
 
 
@@ -72,16 +68,45 @@ class ArchiveRows:
         self.trials.append(trials)
 
 
+class MetaChecks:
+    """Checks of the ``meta_json`` columns on a thread of ``pool`` (Arrow's JSON reader works without the GIL),
+    batch after batch, beside the rest of the decoding. ``check()`` raises the first batch's error, in file
+    order; ``runs()`` gives every row's ``meta.run`` once all are checked."""
+
+    def __init__(self, pool: Executor) -> None:
+        self._pool = pool
+        self._pending: list[Future[list[str]]] = []
+
+    def submit(self, path: Path, column: Any, at: int, label: Callable[[int], str]) -> None:
+        self._pending.append(self._pool.submit(_meta_runs, path, column, at, label))
+
+    def check(self) -> None:
+        for future in self._pending:
+            future.result()
+
+    def cancel(self) -> None:
+        for future in self._pending:
+            future.cancel()
+
+    def runs(self) -> list[str]:
+        return [run for future in self._pending for run in future.result()]
+
+
 def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous: str | None,
-                     rows: ArchiveRows) -> str | None:
-    """Verify one batch of schema 2 decision rows and append them to ``rows``; return the batch's last cache key
-    (``previous``: the last key of the batch before)."""
+                     rows: ArchiveRows, metas: MetaChecks) -> str | None:
+    """Verify one batch of schema 2 decision rows and append them to ``rows`` (their ``meta_json`` checked by
+    ``metas``, which gives their runs); return the batch's last cache key (``previous``: the last key of the
+    batch before). The checks of a row run in this order, and the first failing row is reported: key hash,
+    manifest, accuracy key, winner, checksum."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    n = batch.num_rows
+    reference = pc.cast(batch.column("reference_index"), pa.string())
     parts = [batch.column("key_version"), batch.column("scope"), batch.column("operation_key"), fingerprint,
-             batch.column("workload"), batch.column("execution_context"),
-             pc.cast(batch.column("reference_index"), pa.string()), batch.column("manifest"), batch.column("accuracy_key")]
+             batch.column("workload"), batch.column("execution_context"), reference, batch.column("manifest"),
+             batch.column("accuracy_key")]
     keys_array = join_fields(parts)
 
     def label(i: int) -> str:
@@ -90,59 +115,73 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     check_decision_ranges(path, batch, at, label)
     check_key_version(path, batch, at)
     last = check_order(path, keys_array, at, previous)
-    col = {name: batch.column(name).to_pylist() for name in (
-        "key_hash", "winner_index", "reference_index", "verified", "ratio", "created", "meta_json", "checksum",
-        "problem_id")}
-    hashes, indexes, references = col["key_hash"], col["winner_index"], col["reference_index"]
-    checksums, created = col["checksum"], col["created"]
-    meta_runs = _meta_runs(path, batch.column("meta_json"), col["meta_json"], at, label)
+    metas.submit(path, batch.column("meta_json"), at, label)
+    created, ratios = batch.column("created").to_pylist(), batch.column("ratio").to_pylist()
     # The record texts, column-wise: the canonical JSON of each record with its stored checksum.
     json_key = join_fields(parts, json_text=True) if any(map(needs_escape, parts)) else keys_array
+    winner = batch.column("winner")
     body = pc.binary_join_element_wise(
         '{"cache_key":"', json_key, '","created":', _reprs(created), ',"index":',
         pc.cast(batch.column("winner_index"), pa.string()), ',"meta":', batch.column("meta_json"), ',"name":',
-        per_value(batch.column("winner"), _json_strings), ',"ratio":', _reprs(col["ratio"]), ',"reference_index":',
-        parts[6], f',"schema":{SCHEMA_VERSION},"verified":',
-        pc.if_else(batch.column("verified"), "true", "false"), "")
-    bodies = pc.binary_join_element_wise(body, "}", "").cast(pa.binary()).to_pylist()
-    texts = pc.binary_join_element_wise(body, ',"checksum":"', pa.array([c.hex() for c in checksums], pa.string()),
-                                        '"}', "")
+        per_value(winner, _json_strings), ',"ratio":', _reprs(ratios), ',"reference_index":', reference,
+        f',"schema":{SCHEMA_VERSION},"verified":', pc.if_else(batch.column("verified"), "true", "false"), "")
+    sha256 = hashlib.sha256
+    sums = b"".join([sha256(b).digest() for b in
+                     pc.binary_join_element_wise(body, "}", "").cast(pa.binary()).to_pylist()])
+    column = batch.column("checksum")
+    stored = column.buffers()[1].to_pybytes()[32 * column.offset : 32 * (column.offset + n)]
+    digests = [sha256(key).digest() for key in keys_array.cast(pa.binary()).to_pylist()]
+    key_hashes = np.frombuffer(b"".join(digests), dtype=">i8").reshape(n, 4)[:, 0] if n else np.empty(0, ">i8")
+    wrong_hash = np.flatnonzero(key_hashes != batch.column("key_hash").to_numpy())
+    # The key's manifest and accuracy parts and the winner, checked once per distinct combination.
     m_codes, m_values = _codes(batch.column("manifest"))
     a_codes, a_values = _codes(batch.column("accuracy_key"))
-    w_codes, w_values = _codes(batch.column("winner"))
-    names_of = [_names(value) for value in m_values]  # None: not a canonical manifest
-    accuracy_ok = [canonical_accuracy(value) is None for value in a_values]
-    sha256, from_bytes = hashlib.sha256, int.from_bytes
-    digests = rows.digests
-    for i, key in enumerate(keys_array.cast(pa.binary()).to_pylist()):
-        digest = sha256(key).digest()
-        names = names_of[m_codes[i]]
-        index, reference, winner = indexes[i], references[i], w_values[w_codes[i]]
-        if from_bytes(digest[:8], "big", signed=True) != hashes[i]:
-            problem = f"column 'key_hash' = {hashes[i]} is not the sha256 of the row's cache key"
-        elif names is None:
-            problem = f"column 'manifest' = {_short(m_values[m_codes[i]])} is not a candidate manifest: " \
-                      f"{canonical_manifest(m_values[m_codes[i]])}"
-        elif not accuracy_ok[a_codes[i]]:
-            problem = f"column 'accuracy_key' = {_short(a_values[a_codes[i]])} is not an accuracy key: " \
-                      f"{canonical_accuracy(a_values[a_codes[i]])}"
-        elif index >= len(names) or reference >= len(names) or names[index] != winner:
-            problem = _winner_problem(names, index, reference, winner)
-        elif sha256(bodies[i]).digest() != checksums[i]:
-            problem = (f"column 'checksum' = {checksums[i].hex()[:12]}… is not the sha256 of the record rebuilt "
-                       f"from the row's columns: a column was modified")
-        else:
-            digests.append(digest)
-            continue
-        raise ArchiveError(f"{path}: row {at + i} (key {digest.hex()[:12]}): {problem}")
+    w_codes, w_values = _codes(winner)
+    combos = list(zip(m_codes, a_codes, batch.column("winner_index").to_pylist(),
+                      batch.column("reference_index").to_pylist(), w_codes, strict=True))
+    wrong = {c for c in set(combos) if _combo_problem(c, m_values, a_values, w_values) is not None}
+    firsts = [int(wrong_hash[0])] if len(wrong_hash) else []
+    if wrong:
+        firsts.append(next(i for i, c in enumerate(combos) if c in wrong))
+    if sums != stored:
+        firsts.append(next(i for i in range(n) if sums[32 * i : 32 * i + 32] != stored[32 * i : 32 * i + 32]))
+    if firsts:
+        i = min(firsts)
+        stored_hash = batch.column("key_hash")[i].as_py()
+        problem = (f"column 'key_hash' = {stored_hash} is not the sha256 of the row's cache key"
+                   if key_hashes[i] != stored_hash else _combo_problem(combos[i], m_values, a_values, w_values)
+                   or f"column 'checksum' = {stored[32 * i : 32 * i + 32].hex()[:12]}… is not the sha256 of the "
+                      f"record rebuilt from the row's columns: a column was modified")
+        raise ArchiveError(f"{path}: row {at + i} (key {digests[i].hex()[:12]}): {problem}")
+    hexes = stored.hex().encode()
+    checksums = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32)),
+                                                       pa.py_buffer(hexes)])
+    texts = pc.binary_join_element_wise(body, ',"checksum":"', checksums, '"}', "")
+    rows.digests += digests
     rows.keys += keys_array.to_pylist()
     rows.texts += texts.to_pylist()
     rows.names += [w_values[c] for c in w_codes]
-    rows.runs += meta_runs
-    rows.verified += col["verified"]
+    rows.verified += batch.column("verified").to_pylist()
     rows.created += created
-    rows.problem_ids += col["problem_id"]
+    rows.problem_ids += batch.column("problem_id").to_pylist()
     return last
+
+
+def _combo_problem(combo: tuple[int, int, int, int, int], m_values: list[Any], a_values: list[Any],
+                   w_values: list[Any]) -> str | None:
+    """What is wrong with a row's (manifest code, accuracy code, winner index, reference index, winner code), in
+    the order the rows are checked; None when nothing is."""
+    m, a, index, reference, w = combo
+    names = _names(m_values[m])
+    if names is None:
+        return f"column 'manifest' = {_short(m_values[m])} is not a candidate manifest: " \
+               f"{canonical_manifest(m_values[m])}"
+    if canonical_accuracy(a_values[a]) is not None:
+        return f"column 'accuracy_key' = {_short(a_values[a])} is not an accuracy key: " \
+               f"{canonical_accuracy(a_values[a])}"
+    if index >= len(names) or reference >= len(names) or names[index] != w_values[w]:
+        return _winner_problem(names, index, reference, w_values[w])
+    return None
 
 
 def _reprs(values: list[float]) -> Any:
@@ -163,10 +202,11 @@ _RUN_SCHEMA: Any = None
 _MAX_BRACKETS = 500  # more opening brackets than this (a nesting json.loads may refuse): json.loads decides
 
 
-def _meta_runs(path: Path, column: Any, metas: list[str], at: int, label: Any) -> list[str]:
+def _meta_runs(path: Path, column: Any, at: int, label: Callable[[int], str]) -> list[str]:
     """Check that every ``meta_json`` is a JSON object, and return the ``run`` of each as an update event shows
     it. Arrow's JSON reader checks a batch at once when every value is one line holding one object; whatever it
     does not accept is decided by :func:`json.loads`, as :meth:`DecisionRecord.from_json` decides, row by row."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
@@ -175,23 +215,27 @@ def _meta_runs(path: Path, column: Any, metas: list[str], at: int, label: Any) -
     if _RUN_SCHEMA is None:
         _RUN_SCHEMA = pj.ParseOptions(explicit_schema=pa.schema([("run", pa.string())]),
                                       unexpected_field_behavior="ignore")
-    data = "\n".join(metas).encode()
+    if len(column) == 0:
+        return []
     # One line per value (no line break inside one), each an object, none with so many brackets that json.loads
     # could refuse its nesting (only a value longer than twice the limit can hold more).
-    simple = (bool(metas) and data.count(b"\n") == len(metas) - 1 and b"\r" not in data
+    long = pc.greater(pc.binary_length(column), 2 * _MAX_BRACKETS)
+    simple = (not pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py()
               and pc.all(pc.and_(pc.starts_with(column, "{"), pc.ends_with(column, "}"))).as_py()
-              and all(metas[i].count("{") + metas[i].count("[") <= _MAX_BRACKETS
-                      for i in pc.indices_nonzero(pc.greater(pc.binary_length(column), 2 * _MAX_BRACKETS)).to_pylist()))
+              and not (pc.any(long).as_py() and pc.any(pc.and_(long, pc.greater(
+                  pc.add(pc.count_substring(column, "{"), pc.count_substring(column, "[")), _MAX_BRACKETS))).as_py()))
     if simple:
+        lines = pc.binary_join_element_wise(column, "\n", "")  # a new array: its values are the whole buffer
+        size = int(np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1)[-1])
         try:
-            table = pj.read_json(pa.BufferReader(data), parse_options=_RUN_SCHEMA,
+            table = pj.read_json(pa.BufferReader(lines.buffers()[2][:size]), parse_options=_RUN_SCHEMA,
                                  read_options=pj.ReadOptions(block_size=1 << 26))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             table = None
-        if table is not None and table.num_rows == len(metas):
+        if table is not None and table.num_rows == len(column):
             return [run or "" for run in table.column(0).to_pylist()]
     runs = []
-    for i, text in enumerate(metas):
+    for i, text in enumerate(column.to_pylist()):
         try:
             meta = json.loads(text)
         except (ValueError, RecursionError) as e:
@@ -224,105 +268,3 @@ def _winner_problem(names: tuple[str, ...], index: int, reference: int, winner: 
         if i >= len(names):
             return f"column {what!r} = {i} is out of range for the key's {len(names)} candidates"
     return f"column 'winner' = {_short(winner)} is not candidate {index} of the key ({names[index]!r})"
-
-
-# -- trial rows as JSON -----------------------------------------------------------------------------------------
-
-_PLAIN = "^[\\x20-\\x7e]*$"  # strings json.dumps writes as they are (after escaping " and \\)
-
-
-def _odd(values: Any) -> Any:
-    """Which strings json.dumps would escape beyond " and \\ (control and non-ASCII characters)."""
-    import pyarrow.compute as pc
-
-    return pc.invert(pc.fill_null(pc.match_substring_regex(values, _PLAIN), True))
-
-
-def _string_fragment(values: Any, head: str, tail: str) -> Any:
-    """``head`` + the JSON string of each value + ``tail`` (null stays null)."""
-    import pyarrow.compute as pc
-
-    if pc.any(pc.match_substring_regex(values, '["\\\\]')).as_py():
-        values = pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), '"', '\\"')
-    return pc.binary_join_element_wise(head + '"', values, '"' + tail, "")
-
-
-def trial_texts(path: Path, batch: Any, at: int, decisions: int, texts: list[str], previous: int) -> int:
-    """Append the rows of one trials.parquet batch to ``texts`` (one JSON list text per decision, "" for none),
-    after checking that column ``decision`` names rows of decisions.parquet in order. Returns the last decision
-    of the batch (``previous``: the last of the batch before, -1 at first)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if batch.num_rows == 0:
-        return previous
-    column = batch.column("decision")
-    bad = pc.or_(pc.less(column, 0), pc.greater_equal(column, decisions))
-    i = pc.index(bad, True).as_py()
-    if i >= 0:
-        raise ArchiveError(f"{path}: row {at + i}: column 'decision' = {column[i].as_py()} names no row of "
-                           f"decisions.parquet ({decisions} rows)")
-    first = column[0].as_py()
-    i = 0 if first < previous or len(column) < 2 else pc.index(pc.less(column[1:], column[:-1]), True).as_py() + 1
-    if i > 0 or first < previous:
-        raise ArchiveError(f"{path}: row {at + i}: column 'decision' = {column[i].as_py()}: rows out of order (the "
-                           f"writer writes them in the order of their decisions)")
-    fragments = []
-    python = pc.is_valid(batch.column("extra_json"))  # rows json.dumps encodes
-    last = len(TRIAL_TYPES) - 1
-    for f, (name, kind) in enumerate(TRIAL_TYPES):
-        values = batch.column(name)
-        head = f'{"{" if f == 0 else ""}"{name}":'
-        tail = "}" if f == last else ""
-        if kind == "string":
-            text = per_value(values, functools.partial(_string_fragment, head=head, tail=tail))
-            odd = per_value(values, _odd)
-            python = pc.or_(python, odd)
-        elif kind == "float64":
-            python = pc.or_(python, pc.invert(pc.fill_null(pc.is_finite(values), True)))
-            whole = pc.fill_null(pc.and_(pc.equal(pc.trunc(values), values), pc.less(pc.abs(values), 1e16)), False)
-            suffix = pc.if_else(whole, ".0" + tail, tail)  # Arrow writes 1.0 as "1": JSON would read an integer
-            text = pc.binary_join_element_wise(head, pc.cast(values, pa.string()), suffix, "")
-        else:
-            text = pc.binary_join_element_wise(head, pc.cast(values, pa.string()), tail, "")
-        fragments.append(pc.fill_null(text, f"{head}null{tail}"))
-    rows = pc.binary_join_element_wise(*fragments, ",")
-    runs = pc.run_end_encode(column)
-    ends = runs.run_ends.to_pylist()
-    owners = runs.values.to_pylist()
-    offsets = pa.array([0, *ends], pa.int32())
-    lists = pc.binary_join(pa.ListArray.from_arrays(offsets, rows), ",")
-    joined = pc.binary_join_element_wise("[", lists, "]", "").to_pylist()
-    fallback = set(pc.indices_nonzero(python).to_pylist())
-    if not fallback and owners[0] == len(texts) and owners[-1] - owners[0] + 1 == len(owners):
-        texts += joined  # consecutive decisions, none begun in the batch before: the common case
-        return int(owners[-1])
-    start = 0
-    for owner, end, text in zip(owners, ends, joined, strict=True):
-        if fallback and any(r in fallback for r in range(start, end)):
-            text = f"[{_python_rows(path, batch, at, start, end)}]"
-        if len(texts) <= owner:
-            texts.extend([""] * (owner - len(texts)))
-            texts.append(text)
-        else:  # the decision's rows began in the batch before
-            texts[owner] = f"{texts[owner][:-1]},{text[1:]}"
-        start = end
-    return int(owners[-1])
-
-
-def _python_rows(path: Path, batch: Any, at: int, start: int, end: int) -> str:
-    """The JSON of rows ``start`` to ``end`` of a batch, by :mod:`json` (with their extra fields)."""
-    part = batch.slice(start, end - start)
-    values = zip(*(part.column(name).to_pylist() for name in TRIAL_FIELDS), strict=True)
-    rows = [dict(zip(TRIAL_FIELDS, v, strict=True)) for v in values]
-    for i, extra in enumerate(part.column("extra_json").to_pylist()):
-        if extra is None:
-            continue
-        try:
-            more = json.loads(extra)
-        except ValueError as e:
-            raise ArchiveError(f"{path}: row {at + start + i}: column 'extra_json' is not JSON: {e}") from None
-        if not isinstance(more, dict) or set(more) & {*TRIAL_FIELDS, "decision", "key_sha256"}:
-            raise ArchiveError(f"{path}: row {at + start + i}: column 'extra_json' must be an object of other fields")
-        rows[i].update(more)
-    return json.dumps(rows, separators=(",", ":"))[1:-1]
