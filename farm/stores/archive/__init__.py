@@ -1,9 +1,9 @@
 """Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
 
 ``schema`` (files, columns, the record text of a row), ``writer`` (schema 2, atomic folders), ``files`` (hostile-file
-safe reading), ``reader``, ``rows`` and ``checks`` (verifying, batched, column-wise where it can), ``v1`` (schema 1,
-read only), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's read-only fleet
-tier). The fleet-side operations (export, import, merge, diff) live in ``farm_coordinator.archive``. pyarrow is
+safe reading), ``reader``, ``rows``, ``trialjson`` and ``checks`` (verifying, batched, column-wise where it can),
+``v1`` (schema 1, read only), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's
+read-only fleet tier). The fleet-side operations (export, import, merge, diff) live in ``farm_coordinator.archive``. pyarrow is
 imported lazily.
 """
 
