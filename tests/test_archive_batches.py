@@ -25,6 +25,7 @@ from test_archive import (
     make_record,
     make_trials,
     redis_state,
+    reseal,
 )
 
 from farm.environment import fingerprint_digest
@@ -200,6 +201,19 @@ def test_the_first_bad_row_of_a_batch_is_reported_whatever_its_fault(tmp_path):
     edit_rows(folder, arc.DECISIONS_FILE, change)
     with pytest.raises(arc.ArchiveError, match=r"row 5 \(key [0-9a-f]{12}\): column 'checksum'"):
         arc.read_archive(folder)
+
+
+def test_a_row_group_of_no_rows_is_read_as_nothing(tmp_path):
+    entries = [entry(key_for(FP_A, f"n={i}")) for i in range(3)]
+    folder = arc.write_archive(tmp_path, FP_A, entries).path
+    table = pq.read_table(folder / arc.DECISIONS_FILE)
+    with pq.ParquetWriter(folder / arc.DECISIONS_FILE, table.schema) as writer:
+        writer.write_table(table.slice(0, 0))  # an empty row group first (a hand-made file), then the rows
+        writer.write_table(table)
+    assert pq.ParquetFile(folder / arc.DECISIONS_FILE).num_row_groups == 2
+    reseal(folder)
+    archive = arc.read_archive(folder)
+    assert archive.rows.texts == [e.record.to_json() for e in sorted(entries, key=lambda e: e.record.cache_key)]
 
 
 def test_a_meta_json_fault_is_reported_before_a_fault_in_a_later_batch(tmp_path):

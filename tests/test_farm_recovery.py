@@ -61,9 +61,12 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
         assert len(client.xrange(f.settings.events_key)) == 3
         # The victim died holding a task: a group (redelivered and run again by the survivor) or a confirmation
         # (given up on, the decision published unconfirmed).
-        attempts = [r.provenance.get("attempt") for a in summary.aggregates for r in a.problem.results.values()]
+        # A group whose turn came after its problem's budget was spent (a slow machine) was never sent: the
+        # coordinator recorded it not tried, with no attempt.
+        attempts = [r.provenance["attempt"] for a in summary.aggregates for r in a.problem.results.values()
+                    if r.provenance.get("attempt") is not None]
         abandoned = [a for a in summary.aggregates if "went away" in str(a.record.meta.get("confirmation"))]
-        assert max(attempts) >= 2 or abandoned
+        assert max(attempts, default=0) >= 2 or abandoned
 
 
 def test_a_device_failure_quarantines_the_worker_and_another_worker_of_the_fingerprint_runs_the_task(redis_srv, tmp_path):

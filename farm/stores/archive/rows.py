@@ -103,6 +103,8 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     import pyarrow.compute as pc
 
     n = batch.num_rows
+    if n == 0:  # a row group of no rows (a hand-made file): nothing to check or add
+        return previous
     reference = pc.cast(batch.column("reference_index"), pa.string())
     parts = [batch.column("key_version"), batch.column("scope"), batch.column("operation_key"), fingerprint,
              batch.column("workload"), batch.column("execution_context"), reference, batch.column("manifest"),
@@ -131,7 +133,7 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     column = batch.column("checksum")
     stored = column.buffers()[1].to_pybytes()[32 * column.offset : 32 * (column.offset + n)]
     digests = [sha256(key).digest() for key in keys_array.cast(pa.binary()).to_pylist()]
-    key_hashes = np.frombuffer(b"".join(digests), dtype=">i8").reshape(n, 4)[:, 0] if n else np.empty(0, ">i8")
+    key_hashes = np.frombuffer(b"".join(digests), dtype=">i8").reshape(n, 4)[:, 0]
     wrong_hash = np.flatnonzero(key_hashes != batch.column("key_hash").to_numpy())
     # The key's manifest and accuracy parts and the winner, checked once per distinct combination.
     m_codes, m_values = _codes(batch.column("manifest"))
