@@ -29,20 +29,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
-from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash, outranks
+from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash
+from farm.stores.bulkbuild import build_aside
 from farm.stores.checkpoints import Checkpoints
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
-from farm.stores.migrate import legacy_files, migrate, replace_row, statements, write_rows
+from farm.stores.migrate import legacy_files, migrate, replace_row, statements
+from farm.stores.staging import Staging
 
 log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
-_BATCH = 1000
 FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (farm.stores.checkpoints) after this much written
 FARM_CHECKPOINT_PAGES = 16384  # ...and SQLite's own automatic one, the backstop, waits for this many WAL pages
 
@@ -71,10 +71,6 @@ CREATE TRIGGER decisions_removed AFTER DELETE ON decisions BEGIN
 END;
 """
 
-# A key's staged publication: (verified, created, record text, problem id, trial rows JSON).
-_Staged = tuple[bool, float, str, str | None, str]
-_NEW = (True, "new")
-_KEPT = (False, "kept: the stored record wins under the replacement rule")
 
 
 class LocalStore:
@@ -141,7 +137,7 @@ class LocalStore:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (a new file only) fewer pages and overflows per record
-            conn.execute("PRAGMA journal_mode=WAL")
+            _journal_wal(conn, self.timeout)
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
             conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
             if self.owner == FARM:  # checkpoints run on a thread of their own (farm.stores.checkpoints)
@@ -262,73 +258,31 @@ class LocalStore:
         """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): each record with
         its trial rows, the fingerprint text and the problem index; all of it is written or none of it. Returns,
         per batch, (replaced, "new" | "replaced" | "kept: ...") per decision. A key published twice keeps the
-        winner of the two. Stored records are looked up ``_BATCH`` keys at a time (a part whose keys are all new
-        is staged at once); rows are written in key order (the B-trees fill in order), many per statement."""
-        results: list[list[tuple[bool, str]]] = []
-        staged: dict[bytes, _Staged] = {}  # what each touched key will hold
-        indexed: list[tuple[str, str, bytes]] = []  # (digest, problem id, key) of every publication accepted
-        stored: set[bytes] = set()  # keys with a row to delete first
-        fingerprints: dict[str, str] = {}
+        winner of the two. Stored records are looked up ``staging.BATCH`` keys at a time (a part whose keys are all new
+        is staged at once); rows are written in key order (the B-trees fill in order), many per statement. Into a
+        directory without a cache file, the farm builds the file aside and links it into place
+        (``farm.stores.bulkbuild``: each page written once)."""
+        batches = list(batches)
+        if self.owner == FARM and self._conn is None and not legacy_files(self.directory):
+            staging = Staging()
+            results = [staging.add(batch, lambda keys: {}) for batch in batches]
+            pragmas = [f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536"]
+            if build_aside(self.path, _SCHEMA, pragmas, STORE_SCHEMA, staging.write,
+                           after=f"INSERT INTO counts VALUES ({FARM}, {len(staging.staged)});"):
+                return results
         with self._write() as conn:
-            for batch in batches:
-                digest = fingerprint_digest(batch.fingerprint)
-                replies: list[tuple[bool, str]] = []
-                for at in range(0, len(batch), _BATCH):
-                    stop = min(at + _BATCH, len(batch))
-                    keys = batch.digests[at:stop]
-                    unseen = {k for k in keys if k not in staged}
-                    old_rows = dict(conn.execute(
-                        f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(unseen))})",
-                        list(unseen)).fetchall()) if unseen else {}
-                    stored.update(old_rows)
-                    if not old_rows and len(unseen) == len(keys):  # distinct keys, none stored or staged
-                        pids = batch.problem_ids[at:stop]
-                        staged.update(zip(keys, zip(batch.verified[at:stop], batch.created[at:stop],
-                                                    batch.texts[at:stop], pids, batch.trials[at:stop],
-                                                    strict=True), strict=True))
-                        indexed += [(digest, pid, key) for pid, key in zip(pids, keys, strict=True) if pid]
-                        replies += [_NEW] * len(keys)
-                    else:
-                        replies += [self._stage(batch, i, digest, staged, old_rows, indexed) for i in range(at, stop)]
-                fingerprints[digest] = batch.fingerprint
-                results.append(replies)
-            conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", fingerprints.items())
-            items = sorted(staged.items())
-            gone = [k for k, _ in items if k in stored]
-            write_rows(conn, "DELETE FROM decisions WHERE key IN ({})", "?", gone)
-            # Many rows per statement: fewer statements (each one's journal and trigger program) for the same rows.
-            write_rows(conn, "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES {}", "(?, ?, ?, ?, ?)",
-                  [(k, FARM, v[1], v[3] or None, v[2]) for k, v in items])
-            write_rows(conn, "INSERT OR REPLACE INTO trials VALUES {}", "(?, ?)", [(k, v[4] or "[]") for k, v in items])
-            problems = {(d, pid): key for d, pid, key in indexed}  # a problem indexed twice: the later key
-            write_rows(conn, "INSERT OR REPLACE INTO problems VALUES {}", "(?, ?, ?)",
-                  [(d, pid, key) for (d, pid), key in sorted(problems.items())])
-            self._unchecked += sum(len(v[2]) + len(v[4] or "") for v in staged.values())
+            def stored(keys: set[bytes]) -> dict[bytes, str]:
+                return dict(conn.execute(f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(keys))})",
+                                         list(keys)).fetchall())
+
+            staging = Staging()
+            results = [staging.add(batch, stored) for batch in batches]
+            staging.write(conn)
+            self._unchecked += staging.bytes
         if self._unchecked >= FARM_CHECKPOINT_BYTES:
             self._unchecked = 0
             self._checkpoints.request()
         return results
-
-    @staticmethod
-    def _stage(batch: PublicationBatch, i: int, digest: str, staged: dict[bytes, _Staged],
-               old_rows: dict[bytes, str], indexed: list[tuple[str, str, bytes]]) -> tuple[bool, str]:
-        """Decision ``i`` of ``batch`` against what its key holds (staged in this transaction, or stored)."""
-        key = batch.digests[i]
-        verified, created = batch.verified[i], batch.created[i]
-        held = staged.get(key)
-        if held is not None:
-            if not outranks(verified, created, held[0], held[1]):
-                return _KEPT
-        elif key in old_rows:
-            with contextlib.suppress(CorruptRecord):
-                old = DecisionRecord.from_json(old_rows[key], expected_key=batch.cache_keys[i])
-                if not outranks(verified, created, old.verified, old.created):
-                    return _KEPT
-        pid = batch.problem_ids[i]
-        staged[key] = (verified, created, batch.texts[i], pid, batch.trials[i])
-        if pid:  # as if published one by one: two problems may share a cache key
-            indexed.append((digest, pid, key))
-        return (True, "new" if held is None and key not in old_rows else "replaced")
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` have a stored decision for this fingerprint."""
@@ -375,8 +329,25 @@ class LocalStore:
             yield [(text, pid, trials) for _, text, pid, trials in rows]
 
 
+def _journal_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Switch to (or keep) WAL mode. Two processes creating the file at once may find it locked by the other's
+    switch: SQLite does not wait for that lock with its busy timeout, so the switch is retried until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
 def _stamp(path: Path) -> tuple[int, int]:
     with contextlib.suppress(OSError):
         st = os.stat(path)
         return (st.st_mtime_ns, st.st_size)
     return (0, 0)
+

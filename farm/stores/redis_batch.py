@@ -26,6 +26,7 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.stores.base import PublicationBatch
+from farm.stores.columns import arrow_texts
 from farm.stores.redis import RedisDecisions, connection
 
 BATCH = 1000  # decisions per transaction (farm_judge unpacks its fields: at most 7,000)
@@ -123,8 +124,8 @@ class _Part:
         verified = pa.array(batch.verified[start:stop], pa.bool_())
         created = _column([repr(c) for c in batch.created[start:stop]])  # Python's repr, as Lua's tonumber reads
         self.judge = bytes(_packed(_join(fields, _either(verified, "$1\r\n1\r\n", "$1\r\n0\r\n"), *_bulks(created))))
-        self.records = _join(fields, *_bulks(_column(batch.texts[start:stop])))
-        trials = _column(batch.trials[start:stop])
+        self.records = _join(fields, *_bulks(arrow_texts(batch.texts, start, stop)))
+        trials = arrow_texts(batch.trials, start, stop)
         self.with_trials = _present(trials)
         self.trials = _join(fields, *_bulks(trials))
         problems = _column(batch.problem_ids[start:stop])

@@ -35,8 +35,9 @@ from farm.stores.archive.schema import (
     ArchiveError,
     check_trial_ranges,
 )
-from farm.stores.archive.trialjson import trial_texts
+from farm.stores.archive.trialjson import group_trials, trial_fragments
 from farm.stores.base import DecisionRecord
+from farm.stores.columns import TextColumn
 
 MAX_MANIFEST_BYTES = 1 << 20
 # Schema 2 columns decoded as dictionaries: each distinct value is checked and encoded once.
@@ -162,14 +163,27 @@ def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
         return Archive(folder, manifest, v1.read_v1(folder, manifest, pf, trial_pf))
     decisions = manifest["rows"]["decisions"]
 
-    def trial_rows() -> list[str]:  # column-wise (Arrow works without the GIL): beside the decisions' loop
-        texts: list[str] = []
+    def trial_rows() -> TextColumn:  # column-wise (Arrow works without the GIL): beside the decisions' loop
+        parts: list[tuple[Any, Any]] = []
         if trial_pf is not None:
             previous = -1
+            held: tuple[int, Any] | None = None  # a batch is encoded once the next one's first decision is known
+
+            def encode(following: int | None) -> None:
+                nonlocal previous
+                assert held is not None
+                previous, column, rows = trial_fragments(trial_path, held[1], held[0], decisions, previous, following)
+                parts.append((column, rows))
+
             for at, batch in batches(trial_path, trial_pf, trial_columns):
                 check_trial_ranges(batch, trial_path, at)
-                previous = trial_texts(trial_path, batch, at, decisions, texts, previous)
-        return texts + [""] * (decisions - len(texts))
+                if batch.num_rows:
+                    if held is not None:
+                        encode(int(batch.column("decision")[0].as_py()))
+                    held = (at, batch)
+            if held is not None:
+                encode(None)
+        return group_trials(decisions, parts)
 
     # Two threads beside this one: the trial rows, and the meta_json checks batch after batch.
     with ThreadPoolExecutor(2, thread_name_prefix="archive-read") as pool:

@@ -31,21 +31,22 @@ from farm.stores.archive.checks import (
 from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names
 from farm.stores.archive.schema import _encode_string, _short
 from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
+from farm.stores.columns import TextColumn
 
 
 @dataclass
 class ArchiveRows:
     """Verified decisions, column by column, in file order: what an import publishes."""
 
-    keys: list[str] = field(default_factory=list)  # cache keys
+    keys: TextColumn = field(default_factory=TextColumn)  # cache keys
     digests: list[bytes] = field(default_factory=list)  # their sha256 (``farm.stores.base.key_hash``)
-    texts: list[str] = field(default_factory=list)  # DecisionRecord.to_json text, checksum verified
+    texts: TextColumn = field(default_factory=TextColumn)  # DecisionRecord.to_json text, checksum verified
     verified: list[bool] = field(default_factory=list)
     created: list[float] = field(default_factory=list)
     names: list[str] = field(default_factory=list)  # the winners' names
     runs: list[str] = field(default_factory=list)  # meta.run as an update event shows it
     problem_ids: list[str | None] = field(default_factory=list)
-    trials: list[str] = field(default_factory=list)  # JSON list of the trial rows; "" for none
+    trials: TextColumn = field(default_factory=TextColumn)  # JSON list of the trial rows; "" for none
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -119,20 +120,28 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     last = check_order(path, keys_array, at, previous)
     metas.submit(path, batch.column("meta_json"), at, label)
     created, ratios = batch.column("created").to_pylist(), batch.column("ratio").to_pylist()
-    # The record texts, column-wise: the canonical JSON of each record with its stored checksum.
+    # The record texts, column-wise: the canonical JSON of each record ending with its stored checksum. The text
+    # before that checksum, closed by "}", is what the checksum is the sha256 of.
     json_key = join_fields(parts, json_text=True) if any(map(needs_escape, parts)) else keys_array
     winner = batch.column("winner")
-    body = pc.binary_join_element_wise(
+    column = batch.column("checksum")
+    stored = column.buffers()[1].to_pybytes()[32 * column.offset : 32 * (column.offset + n)]
+    checksums = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32)),
+                                                       pa.py_buffer(stored.hex().encode())])
+    texts = pc.binary_join_element_wise(
         '{"cache_key":"', json_key, '","created":', _reprs(created), ',"index":',
         pc.cast(batch.column("winner_index"), pa.string()), ',"meta":', batch.column("meta_json"), ',"name":',
         per_value(winner, _json_strings), ',"ratio":', _reprs(ratios), ',"reference_index":', reference,
-        f',"schema":{SCHEMA_VERSION},"verified":', pc.if_else(batch.column("verified"), "true", "false"), "")
+        f',"schema":{SCHEMA_VERSION},"verified":', pc.if_else(batch.column("verified"), "true", "false"),
+        ',"checksum":"', checksums, '"}', "")
     sha256 = hashlib.sha256
-    sums = b"".join([sha256(b).digest() for b in
-                     pc.binary_join_element_wise(body, "}", "").cast(pa.binary()).to_pylist()])
-    column = batch.column("checksum")
-    stored = column.buffers()[1].to_pybytes()[32 * column.offset : 32 * (column.offset + n)]
-    digests = [sha256(key).digest() for key in keys_array.cast(pa.binary()).to_pylist()]
+    row_sums = []
+    for text in _views(texts):
+        digest = sha256(text[:-_CHECKSUM_TAIL])
+        digest.update(b"}")
+        row_sums.append(digest.digest())
+    sums = b"".join(row_sums)
+    digests = [sha256(key).digest() for key in _views(keys_array)]
     key_hashes = np.frombuffer(b"".join(digests), dtype=">i8").reshape(n, 4)[:, 0]
     wrong_hash = np.flatnonzero(key_hashes != batch.column("key_hash").to_numpy())
     # The key's manifest and accuracy parts and the winner, checked once per distinct combination.
@@ -155,18 +164,24 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
                    or f"column 'checksum' = {stored[32 * i : 32 * i + 32].hex()[:12]}… is not the sha256 of the "
                       f"record rebuilt from the row's columns: a column was modified")
         raise ArchiveError(f"{path}: row {at + i} (key {digests[i].hex()[:12]}): {problem}")
-    hexes = stored.hex().encode()
-    checksums = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32)),
-                                                       pa.py_buffer(hexes)])
-    texts = pc.binary_join_element_wise(body, ',"checksum":"', checksums, '"}', "")
     rows.digests += digests
-    rows.keys += keys_array.to_pylist()
-    rows.texts += texts.to_pylist()
+    rows.keys.append_array(keys_array)
+    rows.texts.append_array(texts)
     rows.names += [w_values[c] for c in w_codes]
     rows.verified += batch.column("verified").to_pylist()
     rows.created += created
     rows.problem_ids += batch.column("problem_id").to_pylist()
     return last
+
+
+def _views(values: Any) -> list[memoryview]:
+    """The UTF-8 bytes of each value of a string array without nulls, as views of its data buffer."""
+    import numpy as np
+
+    _, offsets, data = values.buffers()
+    bounds = np.frombuffer(offsets, np.int32, len(values) + 1, 4 * values.offset).tolist()
+    whole = memoryview(data if data is not None else b"")
+    return [whole[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _combo_problem(combo: tuple[int, int, int, int, int], m_values: list[Any], a_values: list[Any],
@@ -200,6 +215,7 @@ def _json_strings(values: Any) -> Any:
     return pa.array([_encode_string(v) for v in values.to_pylist()], pa.string())
 
 
+_CHECKSUM_TAIL = len(',"checksum":"') + 64 + len('"}')  # what follows a record's checksummed text
 _RUN_SCHEMA: Any = None
 _MAX_BRACKETS = 500  # more opening brackets than this (a nesting json.loads may refuse): json.loads decides
 
@@ -219,14 +235,7 @@ def _meta_runs(path: Path, column: Any, at: int, label: Callable[[int], str]) ->
                                       unexpected_field_behavior="ignore")
     if len(column) == 0:
         return []
-    # One line per value (no line break inside one), each an object, none with so many brackets that json.loads
-    # could refuse its nesting (only a value longer than twice the limit can hold more).
-    long = pc.greater(pc.binary_length(column), 2 * _MAX_BRACKETS)
-    simple = (not pc.any(pc.match_substring_regex(column, "[\r\n]")).as_py()
-              and pc.all(pc.and_(pc.starts_with(column, "{"), pc.ends_with(column, "}"))).as_py()
-              and not (pc.any(long).as_py() and pc.any(pc.and_(long, pc.greater(
-                  pc.add(pc.count_substring(column, "{"), pc.count_substring(column, "[")), _MAX_BRACKETS))).as_py()))
-    if simple:
+    if _one_line_objects(column):
         lines = pc.binary_join_element_wise(column, "\n", "")  # a new array: its values are the whole buffer
         size = int(np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1)[-1])
         try:
@@ -247,6 +256,29 @@ def _meta_runs(path: Path, column: Any, at: int, label: Callable[[int], str]) ->
                                f"{type(meta).__name__}, not an object")
         runs.append(event_run(meta.get("run")))
     return runs
+
+
+def _one_line_objects(column: Any) -> bool:
+    """Whether every value of a string column (no nulls) is one line that Arrow's JSON reader may take as one
+    object: no control character in it (json.dumps writes none; JSON allows them only as whitespace), ``{``
+    first and ``}`` last, and no more opening brackets than json.loads surely accepts as nesting. Decided on
+    the column's bytes at once."""
+    import numpy as np
+
+    _, offsets, data = column.buffers()
+    bounds = np.frombuffer(offsets, np.int32, len(column) + 1, 4 * column.offset)
+    if data is None or bool((bounds[1:] <= bounds[:-1]).any()):  # an empty value
+        return False
+    text = np.frombuffer(data, np.uint8)[bounds[0] : bounds[-1]]
+    starts = bounds[:-1] - bounds[0]
+    if bool((text < 0x20).any()) or not (bool((text[starts] == ord("{")).all())
+                                          and bool((text[bounds[1:] - bounds[0] - 1] == ord("}")).all())):
+        return False
+    if len(text) <= 2 * _MAX_BRACKETS:  # no value long enough to hold more brackets than the limit
+        return True
+    brackets = np.flatnonzero((text == ord("{")) | (text == ord("[")))
+    counts = np.diff(np.searchsorted(brackets, bounds - bounds[0]))
+    return bool(counts.max() <= _MAX_BRACKETS)
 
 
 def _codes(column: Any) -> tuple[list[int], list[Any]]:

@@ -7,7 +7,6 @@ instead, so every text is what ``json.dumps`` of the rows gives.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from farm.errors import ArchiveError
 from farm.stores.archive.checks import per_value
 from farm.stores.archive.schema import TRIAL_FIELDS, TRIAL_TYPES
+from farm.stores.columns import TextColumn
 
 _PLAIN = "^[\\x20-\\x7e]*$"  # strings json.dumps writes as they are (after escaping " and \\)
 
@@ -26,13 +26,13 @@ def _odd(values: Any) -> Any:
     return pc.invert(pc.fill_null(pc.match_substring_regex(values, _PLAIN), True))
 
 
-def _string_fragment(values: Any, head: str, tail: str) -> Any:
-    """``head`` + the JSON string of each value + ``tail`` (null stays null)."""
+def _json_strings(values: Any) -> Any:
+    """The JSON string of each value (null stays null), " and \\ escaped."""
     import pyarrow.compute as pc
 
     if pc.any(pc.match_substring_regex(values, '["\\\\]')).as_py():
         values = pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), '"', '\\"')
-    return pc.binary_join_element_wise(head + '"', values, '"' + tail, "")
+    return pc.binary_join_element_wise('"', values, '"', "")
 
 
 def _same_in_every_row(values: Any, kind: str) -> bool:
@@ -51,103 +51,135 @@ def _same_in_every_row(values: Any, kind: str) -> bool:
     return bool(low_high["min"].as_py() == low_high["max"].as_py())
 
 
-def _fragment(values: Any, kind: str, head: str, tail: str) -> tuple[Any, Any]:
-    """``head`` + the JSON of each value + ``tail`` (``null`` for a null), and which rows hold a value that only
-    :mod:`json` encodes as json.dumps does (control or non-ASCII characters, non-finite numbers)."""
+def _pieces(values: Any, kind: str) -> tuple[list[Any], Any]:
+    """The JSON of each value (``null`` for a null) as pieces to join (arrays, or a str: the same in every row),
+    and which rows hold a value that only :mod:`json` encodes as json.dumps does (control or non-ASCII
+    characters, non-finite numbers; None: no row)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    odd: Any = None
     if kind == "string":
-        text = per_value(values, functools.partial(_string_fragment, head=head, tail=tail))
-        odd = per_value(values, _odd)
-    elif kind == "float64":
+        text = per_value(values, _json_strings)
+        if pc.any(per_value(values, _odd) if not pa.types.is_dictionary(values.type) else _odd(values.dictionary)
+                  ).as_py():
+            odd = per_value(values, _odd)
+        return [pc.fill_null(text, "null") if values.null_count else text], odd
+    text = pc.cast(values, pa.string())
+    if values.null_count:
+        text = pc.fill_null(text, "null")
+    if kind != "float64":
+        return [text], odd
+    if not pc.all(pc.fill_null(pc.is_finite(values), True)).as_py():
         odd = pc.invert(pc.fill_null(pc.is_finite(values), True))
-        whole = pc.fill_null(pc.and_(pc.equal(pc.trunc(values), values), pc.less(pc.abs(values), 1e16)), False)
-        suffix = pc.if_else(whole, ".0" + tail, tail)  # Arrow writes 1.0 as "1": JSON would read an integer
-        text = pc.binary_join_element_wise(head, pc.cast(values, pa.string()), suffix, "")
-    else:
-        odd = pa.array([False] * len(values))
-        text = pc.binary_join_element_wise(head, pc.cast(values, pa.string()), tail, "")
-    return pc.fill_null(text, f"{head}null{tail}"), odd
+    whole = pc.fill_null(pc.and_(pc.equal(pc.trunc(values), values), pc.less(pc.abs(values), 1e16)), False)
+    if whole.true_count == 0:
+        return [text], odd
+    return [text, pc.if_else(whole, ".0", "")], odd  # Arrow writes 1.0 as "1": JSON would read an integer
 
 
-def trial_texts(path: Path, batch: Any, at: int, decisions: int, texts: list[str], previous: int) -> int:
-    """Append the rows of one trials.parquet batch to ``texts`` (one JSON list text per decision, "" for none),
-    after checking that column ``decision`` names rows of decisions.parquet in order. Returns the last decision
-    of the batch (``previous``: the last of the batch before, -1 at first)."""
+def trial_fragments(path: Path, batch: Any, at: int, decisions: int, previous: int,
+                    following: int | None) -> tuple[int, Any, Any]:
+    """Check one trials.parquet batch (column ``decision`` names rows of decisions.parquet, in order) and encode
+    its rows: returns (the batch's last decision, its ``decision`` column, each row's JSON object text as an
+    Arrow array, with "[" before a decision's first row and "]" after its last). ``previous``: the last decision
+    of the batch before (-1 at first); ``following``: the first decision of the batch after (None at the end).
+    :func:`group_trials` joins them into each decision's list."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if batch.num_rows == 0:
-        return previous
     column = batch.column("decision")
+    if batch.num_rows == 0:
+        return previous, column, pa.array([], pa.string())
     bad = pc.or_(pc.less(column, 0), pc.greater_equal(column, decisions))
     i = pc.index(bad, True).as_py()
     if i >= 0:
         raise ArchiveError(f"{path}: row {at + i}: column 'decision' = {column[i].as_py()} names no row of "
                            f"decisions.parquet ({decisions} rows)")
-    first = column[0].as_py()
-    i = 0 if first < previous or len(column) < 2 else pc.index(pc.less(column[1:], column[:-1]), True).as_py() + 1
-    if i > 0 or first < previous:
+    owners = column.to_numpy()
+    down = np.flatnonzero(owners[1:] < owners[:-1])
+    i = 0 if owners[0] < previous else int(down[0]) + 1 if len(down) else -1
+    if i >= 0:
         raise ArchiveError(f"{path}: row {at + i}: column 'decision' = {column[i].as_py()}: rows out of order (the "
                            f"writer writes them in the order of their decisions)")
-    fragments: list[Any] = []  # a str: the same text in every row (encoded once, joined with its neighbours)
+    opens = np.empty(len(owners), bool)  # a decision's first row, and its last
+    opens[0] = owners[0] != previous
+    opens[1:] = owners[1:] != owners[:-1]
+    closes = np.empty(len(owners), bool)
+    closes[:-1] = opens[1:]
+    closes[-1] = following is None or following != owners[-1]
+    pieces: list[Any] = [pc.if_else(pa.array(opens), "[", "")]
     python = pc.is_valid(batch.column("extra_json"))  # rows json.dumps encodes
-    last = len(TRIAL_TYPES) - 1
     for f, (name, kind) in enumerate(TRIAL_TYPES):
         values = batch.column(name)
-        head = f'{"{" if f == 0 else ""}"{name}":'
-        tail = "}" if f == last else ""
-        text: Any = None
+        head = f'{"{" if f == 0 else ","}"{name}":'
+        parts: list[Any] | None = None
         if _same_in_every_row(values, kind):
-            one, odd = _fragment(values.slice(0, 1), kind, head, tail)
-            if not odd[0].as_py():
-                text = one[0].as_py()
-        if text is None:
-            text, odd = _fragment(values, kind, head, tail)
-            python = pc.or_(python, odd)
-        elif fragments and isinstance(fragments[-1], str):
-            text = f"{fragments.pop()},{text}"
-        fragments.append(text)
-    if all(isinstance(fragment, str) for fragment in fragments):
-        fragments = [pa.array([",".join(fragments)] * batch.num_rows, pa.string())]
-    rows = pc.binary_join_element_wise(*fragments, ",")
-    runs = pc.run_end_encode(column)
-    ends = runs.run_ends.to_pylist()
-    owners = runs.values.to_pylist()
-    offsets = pa.array([0, *ends], pa.int32())
-    lists = pc.binary_join(pa.ListArray.from_arrays(offsets, rows), ",")
-    joined = pc.binary_join_element_wise("[", lists, "]", "").to_pylist()
-    fallback = set(pc.indices_nonzero(python).to_pylist())
-    if not fallback and owners[0] == len(texts) and owners[-1] - owners[0] + 1 == len(owners):
-        texts += joined  # consecutive decisions, none begun in the batch before: the common case
-        return int(owners[-1])
-    start = 0
-    for owner, end, text in zip(owners, ends, joined, strict=True):
-        if fallback and any(r in fallback for r in range(start, end)):
-            text = f"[{_python_rows(path, batch, at, start, end)}]"
-        if len(texts) <= owner:
-            texts.extend([""] * (owner - len(texts)))
-            texts.append(text)
-        else:  # the decision's rows began in the batch before
-            texts[owner] = f"{texts[owner][:-1]},{text[1:]}"
-        start = end
-    return int(owners[-1])
+            one, odd = _pieces(values.slice(0, 1), kind)
+            if odd is None:
+                parts = ["".join(p if isinstance(p, str) else p[0].as_py() for p in one)]
+        if parts is None:
+            parts, odd = _pieces(values, kind)
+            if odd is not None:
+                python = pc.or_(python, odd)
+        for piece in (head, *parts):
+            if isinstance(piece, str) and pieces and isinstance(pieces[-1], str):
+                pieces[-1] += piece
+            else:
+                pieces.append(piece)
+    if isinstance(pieces[-1], str):
+        pieces[-1] += "}"
+    else:
+        pieces.append("}")
+    pieces.append(pc.if_else(pa.array(closes), "]", ""))
+    rows = pc.binary_join_element_wise(*pieces, "")
+    fallback = pc.indices_nonzero(python).to_pylist()
+    if fallback:  # rows with characters JSON escapes, non-finite numbers or extra fields: json.dumps encodes them
+        texts = rows.to_pylist()
+        for r in fallback:
+            texts[r] = f"{'[' if opens[r] else ''}{_python_row(path, batch, at, r)}{']' if closes[r] else ''}"
+        rows = pa.array(texts, pa.string())
+    return int(owners[-1]), column, rows
 
 
-def _python_rows(path: Path, batch: Any, at: int, start: int, end: int) -> str:
-    """The JSON of rows ``start`` to ``end`` of a batch, by :mod:`json` (with their extra fields)."""
-    part = batch.slice(start, end - start)
-    values = zip(*(part.column(name).to_pylist() for name in TRIAL_FIELDS), strict=True)
-    rows = [dict(zip(TRIAL_FIELDS, v, strict=True)) for v in values]
-    for i, extra in enumerate(part.column("extra_json").to_pylist()):
-        if extra is None:
-            continue
+_GROUP = 65536  # decisions grouped at once
+
+
+def group_trials(decisions: int, parts: list[tuple[Any, Any]]) -> TextColumn:
+    """Each decision's trial rows as one JSON list text ("" for a decision without rows), from the
+    ``(decision column, row texts)`` of every batch (:func:`trial_fragments`, in file order)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def text(value: str) -> Any:
+        return pa.scalar(value, pa.large_string())
+
+    texts = TextColumn()
+    owners = [np.asarray(column, np.int64) for column, _ in parts if len(column)]
+    counts = np.bincount(np.concatenate(owners), minlength=decisions) if owners else np.zeros(decisions, np.int64)
+    ends = np.concatenate([[0], np.cumsum(counts)])
+    rows = pa.chunked_array([r for _, r in parts if len(r)], pa.string())
+    for d in range(0, decisions, _GROUP):
+        stop = min(d + _GROUP, decisions)
+        offsets = pa.array(ends[d : stop + 1] - ends[d], pa.int64())
+        values = rows.slice(int(ends[d]), int(ends[stop] - ends[d])).combine_chunks().cast(pa.large_string())
+        # Each row holds its brackets: the list of a decision without rows joins as "".
+        texts.append_array(pc.binary_join(pa.LargeListArray.from_arrays(offsets, values), text(",")))
+    return texts
+
+
+def _python_row(path: Path, batch: Any, at: int, r: int) -> str:
+    """The JSON of row ``r`` of a batch, by :mod:`json` (with its extra fields)."""
+    row = {name: batch.column(name)[r].as_py() for name in TRIAL_FIELDS}
+    extra = batch.column("extra_json")[r].as_py()
+    if extra is not None:
         try:
             more = json.loads(extra)
         except ValueError as e:
-            raise ArchiveError(f"{path}: row {at + start + i}: column 'extra_json' is not JSON: {e}") from None
+            raise ArchiveError(f"{path}: row {at + r}: column 'extra_json' is not JSON: {e}") from None
         if not isinstance(more, dict) or set(more) & {*TRIAL_FIELDS, "decision", "key_sha256"}:
-            raise ArchiveError(f"{path}: row {at + start + i}: column 'extra_json' must be an object of other fields")
-        rows[i].update(more)
-    return json.dumps(rows, separators=(",", ":"))[1:-1]
+            raise ArchiveError(f"{path}: row {at + r}: column 'extra_json' must be an object of other fields")
+        row.update(more)
+    return json.dumps(row, separators=(",", ":"))

@@ -1,0 +1,75 @@
+"""A new local cache file built aside in one pass, then linked into place: the fast path of a first publication.
+
+When a cache directory holds no file yet (a new machine seeding its cache from the fleet's archives, the embedded
+farm's first run), the whole publication is written into a private file beside it: no write-ahead log (each page is
+written once, not once to the log and again at the checkpoint), no per-row trigger (the row count is written once),
+the secondary indexes built after the rows, one fsync at the end. The file is then switched to WAL mode, synced and
+hard-linked to its final name, which fails if that name exists: a process that created the cache meanwhile keeps
+its file, and the caller publishes through an ordinary transaction instead. Readers see no file, then the whole
+file: all of it or none of it, as with a transaction. The new file follows the umask, as SQLite's own files do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from farm.stores.migrate import statements
+
+
+def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
+                write: Callable[[sqlite3.Connection], None], after: str = "") -> bool:
+    """Create the database ``path`` if it does not exist: its tables (the ``CREATE TABLE`` statements of
+    ``schema``), then ``write(conn)`` fills them, then ``after`` (SQL run once the rows are in) and the rest of
+    ``schema`` (indexes, triggers) are run and ``user_version`` set. Returns False, leaving nothing behind,
+    when ``path`` (or a journal of it) exists or appeared meanwhile; errors propagate (nothing is left behind)."""
+    if _exists(path):
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+    try:
+        conn = sqlite3.connect(temp, isolation_level=None)
+        try:
+            for pragma in (*pragmas, "PRAGMA journal_mode=OFF", "PRAGMA synchronous=OFF"):
+                conn.execute(pragma)
+            parts = list(statements(schema))
+            tables = [s for s in parts if s.lstrip().upper().startswith("CREATE TABLE")]
+            conn.execute("BEGIN")
+            for statement in tables:
+                conn.execute(statement)
+            write(conn)
+            for statement in [*statements(after), *(s for s in parts if s not in tables)]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(user_version)}")
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
+        finally:
+            conn.close()
+        _fsync(temp)
+        try:
+            os.link(temp, path)  # never replaces: a file created meanwhile wins
+        except FileExistsError:
+            return False
+        _fsync(path.parent)
+        return True
+    finally:
+        for leftover in (temp, temp.with_name(temp.name + "-wal"), temp.with_name(temp.name + "-shm"),
+                         temp.with_name(temp.name + "-journal")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def _exists(path: Path) -> bool:
+    return any(os.path.lexists(f"{path}{suffix}") for suffix in ("", "-wal", "-journal"))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
