@@ -26,6 +26,7 @@ from test_archive import (
     make_trials,
     redis_state,
     reseal,
+    resealed_row,
 )
 
 from farm.environment import fingerprint_digest
@@ -411,3 +412,42 @@ def test_an_import_into_a_cache_that_fails_midway_leaves_the_cache_as_it_was(tmp
     assert cache_state(cache) == before
     results = ops.import_cache(archives, cache, FP_A, force=True)
     assert [(r.new, r.replaced) for r in results] == [(2, 1), (0, 3)]  # FP_B's re-keyed decisions: the same keys
+
+
+@pytest.mark.parametrize(("meta_json", "run"), [
+    ('{"run":"r1","note":"plain"}', "r1"),
+    ('{"run":\t"r2",\n"x": [1,\r\n2]}', "r2"),  # whitespace JSON allows: not one line, so json.loads decides
+    ('{"x":' + "[" * 600 + "]" * 600 + ',"run":"r3"}', "r3"),  # more brackets than the fast path takes
+    ('{"run":7}', "7"),
+    ('{}', ""),
+])
+def test_every_meta_json_json_accepts_is_imported_with_its_run(tmp_path, meta_json, run):
+    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
+
+    def change(rows):
+        rows[1]["meta_json"] = meta_json
+        rows[1] = resealed_row(rows[1])
+        return rows
+
+    edit_rows(folder, arc.DECISIONS_FILE, change)
+    archive = arc.read_archive(folder)
+    assert archive.rows.runs[1] == run == event_run(json.loads(meta_json).get("run"))
+    assert json.loads(archive.rows.texts[1])["meta"] == json.loads(meta_json)
+
+
+@pytest.mark.parametrize(("meta_json", "says"), [
+    ('{"run":"a\tb"}', "is not JSON: Invalid control character"),  # a raw tab inside a string
+    ('{"run":"x"}\n{"run":"y"}', "is not JSON: Extra data"),  # two objects on two lines
+    ("", "is not JSON"),
+])
+def test_a_meta_json_json_refuses_is_refused_naming_its_row(tmp_path, meta_json, says):
+    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
+
+    def change(rows):
+        rows[2]["meta_json"] = meta_json
+        rows[2] = resealed_row(rows[2])
+        return rows
+
+    edit_rows(folder, arc.DECISIONS_FILE, change)
+    with pytest.raises(arc.ArchiveError, match=rf"row 2 \(key [0-9a-f]{{12}}\): column 'meta_json' {says}"):
+        arc.read_archive(folder)

@@ -78,12 +78,11 @@ class Staging:
         """Write what is staged, rows in key order (the B-trees fill in order), many per statement (fewer
         statements, each with its own journal and trigger program, for the same rows)."""
         conn.executemany("INSERT OR REPLACE INTO fingerprints VALUES (?, ?)", self.fingerprints.items())
-        staged = self.staged
-        keys = sorted(staged)
-        write_rows(conn, "DELETE FROM decisions WHERE key IN ({})", "?", [k for k in keys if k in self.stored])
+        items = sorted(self.staged.items())
+        write_rows(conn, "DELETE FROM decisions WHERE key IN ({})", "?", [k for k, _ in items if k in self.stored])
         write_rows(conn, "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES {}",
-                   "(?, ?, ?, ?, ?)", [(k, FARM, staged[k][1], staged[k][3] or None, staged[k][2]) for k in keys])
-        write_rows(conn, "INSERT OR REPLACE INTO trials VALUES {}", "(?, ?)", [(k, staged[k][4] or "[]") for k in keys])
+                   "(?, ?, ?, ?, ?)", [(k, FARM, v[1], v[3] or None, v[2]) for k, v in items])
+        write_rows(conn, "INSERT OR REPLACE INTO trials VALUES {}", "(?, ?)", [(k, v[4] or "[]") for k, v in items])
         problems = {(d, pid): key for d, pid, key in self.indexed}  # a problem indexed twice: the later key
         write_rows(conn, "INSERT OR REPLACE INTO problems VALUES {}", "(?, ?, ?)",
                    [(d, pid, key) for (d, pid), key in sorted(problems.items())])

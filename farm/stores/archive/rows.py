@@ -148,26 +148,28 @@ def decode_decisions(path: Path, batch: Any, at: int, fingerprint: str, previous
     m_codes, m_values = _codes(batch.column("manifest"))
     a_codes, a_values = _codes(batch.column("accuracy_key"))
     w_codes, w_values = _codes(winner)
-    combos = list(zip(m_codes, a_codes, batch.column("winner_index").to_pylist(),
-                      batch.column("reference_index").to_pylist(), w_codes, strict=True))
-    wrong = {c for c in set(combos) if _combo_problem(c, m_values, a_values, w_values) is not None}
+    combos = np.stack([m_codes, a_codes, batch.column("winner_index").to_numpy(),
+                       batch.column("reference_index").to_numpy(), w_codes], axis=1).astype(np.int64)
+    distinct, first_rows = np.unique(combos, axis=0, return_index=True)
+    wrong_rows = [int(row) for combo, row in zip(distinct.tolist(), first_rows.tolist(), strict=True)
+                  if _combo_problem(tuple(combo), m_values, a_values, w_values) is not None]
     firsts = [int(wrong_hash[0])] if len(wrong_hash) else []
-    if wrong:
-        firsts.append(next(i for i, c in enumerate(combos) if c in wrong))
+    if wrong_rows:
+        firsts.append(min(wrong_rows))
     if sums != stored:
         firsts.append(next(i for i in range(n) if sums[32 * i : 32 * i + 32] != stored[32 * i : 32 * i + 32]))
     if firsts:
         i = min(firsts)
         stored_hash = batch.column("key_hash")[i].as_py()
         problem = (f"column 'key_hash' = {stored_hash} is not the sha256 of the row's cache key"
-                   if key_hashes[i] != stored_hash else _combo_problem(combos[i], m_values, a_values, w_values)
+                   if key_hashes[i] != stored_hash else _combo_problem(tuple(combos[i].tolist()), m_values, a_values, w_values)
                    or f"column 'checksum' = {stored[32 * i : 32 * i + 32].hex()[:12]}… is not the sha256 of the "
                       f"record rebuilt from the row's columns: a column was modified")
         raise ArchiveError(f"{path}: row {at + i} (key {digests[i].hex()[:12]}): {problem}")
     rows.digests += digests
     rows.keys.append_array(keys_array)
     rows.texts.append_array(texts)
-    rows.names += [w_values[c] for c in w_codes]
+    rows.names += [w_values[c] for c in w_codes.tolist()]
     rows.verified += batch.column("verified").to_pylist()
     rows.created += created
     rows.problem_ids += batch.column("problem_id").to_pylist()
@@ -184,7 +186,7 @@ def _views(values: Any) -> list[memoryview]:
     return [whole[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _combo_problem(combo: tuple[int, int, int, int, int], m_values: list[Any], a_values: list[Any],
+def _combo_problem(combo: tuple[int, ...], m_values: list[Any], a_values: list[Any],
                    w_values: list[Any]) -> str | None:
     """What is wrong with a row's (manifest code, accuracy code, winner index, reference index, winner code), in
     the order the rows are checked; None when nothing is."""
@@ -281,14 +283,15 @@ def _one_line_objects(column: Any) -> bool:
     return bool(counts.max() <= _MAX_BRACKETS)
 
 
-def _codes(column: Any) -> tuple[list[int], list[Any]]:
-    """The dictionary codes of a column's rows and the dictionary's values (encoded here if it is plain)."""
+def _codes(column: Any) -> tuple[Any, list[Any]]:
+    """The dictionary codes of a column's rows (a numpy array) and the dictionary's values (encoded here if the
+    column is plain)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not pa.types.is_dictionary(column.type):
         column = pc.dictionary_encode(column)
-    return column.indices.to_pylist(), column.dictionary.to_pylist()
+    return column.indices.to_numpy(zero_copy_only=False), column.dictionary.to_pylist()
 
 
 def _names(manifest_part: str) -> tuple[str, ...] | None:
