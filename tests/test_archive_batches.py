@@ -414,6 +414,19 @@ def test_an_import_into_a_cache_that_fails_midway_leaves_the_cache_as_it_was(tmp
     assert [(r.new, r.replaced) for r in results] == [(2, 1), (0, 3)]  # FP_B's re-keyed decisions: the same keys
 
 
+def with_meta_json(tmp_path: Path, row: int, meta_json: str) -> Path:
+    """An archive of 3 decisions whose row ``row`` holds ``meta_json``, with its checksum recomputed."""
+    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
+
+    def change(rows):
+        rows[row]["meta_json"] = meta_json
+        rows[row] = resealed_row(rows[row])
+        return rows
+
+    edit_rows(folder, arc.DECISIONS_FILE, change)
+    return folder
+
+
 @pytest.mark.parametrize(("meta_json", "run"), [
     ('{"run":"r1","note":"plain"}', "r1"),
     ('{"run":\t"r2",\n"x": [1,\r\n2]}', "r2"),  # whitespace JSON allows: not one line, so json.loads decides
@@ -422,15 +435,7 @@ def test_an_import_into_a_cache_that_fails_midway_leaves_the_cache_as_it_was(tmp
     ('{}', ""),
 ])
 def test_every_meta_json_json_accepts_is_imported_with_its_run(tmp_path, meta_json, run):
-    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
-
-    def change(rows):
-        rows[1]["meta_json"] = meta_json
-        rows[1] = resealed_row(rows[1])
-        return rows
-
-    edit_rows(folder, arc.DECISIONS_FILE, change)
-    archive = arc.read_archive(folder)
+    archive = arc.read_archive(with_meta_json(tmp_path, 1, meta_json))
     assert archive.rows.runs[1] == run == event_run(json.loads(meta_json).get("run"))
     assert json.loads(archive.rows.texts[1])["meta"] == json.loads(meta_json)
 
@@ -441,13 +446,6 @@ def test_every_meta_json_json_accepts_is_imported_with_its_run(tmp_path, meta_js
     ("", "is not JSON"),
 ])
 def test_a_meta_json_json_refuses_is_refused_naming_its_row(tmp_path, meta_json, says):
-    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
-
-    def change(rows):
-        rows[2]["meta_json"] = meta_json
-        rows[2] = resealed_row(rows[2])
-        return rows
-
-    edit_rows(folder, arc.DECISIONS_FILE, change)
+    folder = with_meta_json(tmp_path, 2, meta_json)
     with pytest.raises(arc.ArchiveError, match=rf"row 2 \(key [0-9a-f]{{12}}\): column 'meta_json' {says}"):
         arc.read_archive(folder)
