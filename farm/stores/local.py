@@ -267,8 +267,12 @@ class LocalStore:
             staging = Staging()
             results = [staging.add(batch, lambda keys: {}) for batch in batches]
             pragmas = [f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536"]
-            if build_aside(self.path, _SCHEMA, pragmas, STORE_SCHEMA, staging.write,
-                           after=f"INSERT INTO counts VALUES ({FARM}, {len(staging.staged)});"):
+            try:
+                built = build_aside(self.path, _SCHEMA, pragmas, STORE_SCHEMA, staging.write,
+                                    after=f"INSERT INTO counts VALUES ({FARM}, {len(staging.staged)});")
+            except sqlite3.Error as e:
+                raise OSError(f"{self.path}: {e}") from e
+            if built:
                 return results
         with self._write() as conn:
             def stored(keys: set[bytes]) -> dict[bytes, str]:
