@@ -17,6 +17,7 @@ import pytest
 
 from farm.environment import fingerprint_digest
 from farm.stores import bulkbuild
+from farm.stores import local as local_module
 from farm.stores.base import DecisionRecord, Publication, key_sha256
 from farm.stores.columns import TextColumn, arrow_texts
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
@@ -185,3 +186,17 @@ def test_a_sqlite_failure_while_building_is_an_oserror_naming_the_file(
     monkeypatch.setattr(bulkbuild.sqlite3, "connect", refused)
     with pytest.raises(OSError, match=r"cache/farm-cache\.sqlite3: unable to open database file"):
         LocalStore(tmp_path / "cache", owner=FARM).publish_many(publications(time.time()))
+
+
+def test_a_publication_into_an_existing_file_goes_straight_to_a_transaction(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a directory without a cache file is built aside: later publications (the embedded farm's batches)
+    stage their decisions once, in their transaction."""
+    LocalStore(tmp_path, owner=FARM).publish_many(publications(time.time()))
+
+    def never(*args: Any, **kwargs: Any) -> bool:
+        raise AssertionError("a file was built aside over an existing cache")
+
+    monkeypatch.setattr(local_module, "build_aside", never)
+    later = LocalStore(tmp_path, owner=FARM)  # a new process's store: no connection open yet
+    assert later.publish_many([Publication(record("k0", created=time.time()), "fp", "pid-0")]) == [(True, "replaced")]

@@ -27,7 +27,7 @@ def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
     ``schema``), then ``write(conn)`` fills them, then ``after`` (SQL run once the rows are in) and the rest of
     ``schema`` (indexes, triggers) are run and ``user_version`` set. Returns False, leaving nothing behind,
     when ``path`` (or a journal of it) exists or appeared meanwhile; errors propagate (nothing is left behind)."""
-    if _exists(path):
+    if not absent(path):
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
@@ -63,8 +63,9 @@ def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
                 leftover.unlink()
 
 
-def _exists(path: Path) -> bool:
-    return any(os.path.lexists(f"{path}{suffix}") for suffix in ("", "-wal", "-journal"))
+def absent(path: Path) -> bool:
+    """Whether neither the database ``path`` nor a journal of it exists (a file may still appear at once)."""
+    return not any(os.path.lexists(f"{path}{suffix}") for suffix in ("", "-wal", "-journal"))
 
 
 def _fsync(path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from farm.errors import CorruptRecord
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash
-from farm.stores.bulkbuild import build_aside
+from farm.stores.bulkbuild import absent, build_aside
 from farm.stores.checkpoints import Checkpoints
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
@@ -263,7 +263,7 @@ class LocalStore:
         directory without a cache file, the farm builds the file aside and links it into place
         (``farm.stores.bulkbuild``: each page written once)."""
         batches = list(batches)
-        if self.owner == FARM and self._conn is None and not legacy_files(self.directory):
+        if self.owner == FARM and self._conn is None and absent(self.path) and not legacy_files(self.directory):
             staging = Staging()
             results = [staging.add(batch, lambda keys: {}) for batch in batches]
             pragmas = [f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536"]
