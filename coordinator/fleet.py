@@ -11,8 +11,6 @@ from farm_fleet import presence
 from farm_fleet.protocol import GroupTask
 from farm_fleet.settings import Settings
 
-SERVING = (presence.HEALTHY, presence.BUSY)
-
 
 class RedisFleet:
     """The fleet as workers announce it in Redis (healthy or busy, heartbeat fresh)."""
@@ -23,7 +21,7 @@ class RedisFleet:
 
     def workers(self) -> list[presence.WorkerInfo]:
         return [w for w in presence.live_workers(self.client, self.settings)
-                if w.effective_state(self.settings) in SERVING]
+                if w.effective_state(self.settings) in presence.SERVING]
 
     def targets(self) -> list[Target]:
         texts = self.client.hgetall(self.settings.fingerprints_key)
@@ -46,14 +44,7 @@ class RedisFleet:
     def alive(self, worker_id: str, incarnation: str = "") -> bool:
         """Whether this incarnation of the worker still serves: one read of its record. A worker restarted under
         the same id is a new incarnation and does not count (what was sent to the old one is lost)."""
-        data = self.client.hgetall(self.settings.worker_key(worker_id))
-        try:
-            w = presence.WorkerInfo.from_fields(data)
-        except (KeyError, ValueError):
-            return False
-        if incarnation and w.incarnation != incarnation:
-            return False
-        return w.effective_state(self.settings) in SERVING
+        return presence.serving(self.client, self.settings, worker_id, incarnation)
 
 
 class LocalFleet:

@@ -20,6 +20,7 @@ HEALTHY = "healthy"
 BUSY = "busy"
 QUARANTINED = "quarantined"
 STALE = "stale"
+SERVING = (HEALTHY, BUSY)
 
 # This process's incarnation; pool processes forked from the worker inherit it.
 INCARNATION = uuid.uuid4().hex[:16]
@@ -114,6 +115,19 @@ def beat(client: Any, settings: Settings, worker_id: str, state: str | None = No
 def state_of(client: Any, settings: Settings, worker_id: str) -> str | None:
     value = client.hget(settings.worker_key(worker_id), "state")
     return None if value is None else str(value)
+
+
+def serving(client: Any, settings: Settings, worker_id: str, incarnation: str = "") -> bool:
+    """Whether this incarnation of the worker still serves (healthy or busy, heartbeat fresh): one read of its
+    record. A worker restarted under the same id is a new incarnation and does not count."""
+    data = client.hgetall(settings.worker_key(worker_id))
+    try:
+        w = WorkerInfo.from_fields(data)
+    except (KeyError, ValueError):
+        return False
+    if incarnation and w.incarnation != incarnation:
+        return False
+    return w.effective_state(settings) in SERVING
 
 
 def withdraw(client: Any, settings: Settings, worker_id: str) -> None:

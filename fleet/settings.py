@@ -95,6 +95,16 @@ class Settings(KeyLayout):
         """When (and by which worker) a group's latest delivery started: the coordinator's deadline starts here."""
         return self.key("started", run, problem_id, group)
 
+    def running_key(self, run: str, problem_id: str, group: str) -> str:
+        """The run claim of a group: which delivery runs it now (``farm_fleet.results.Runner``); deleted with its
+        result, expiring at the task's hard time limit."""
+        return self.key("running", run, problem_id, group)
+
+    def claims_key(self, worker_id: str) -> str:
+        """The name of the run claim a worker took last: what its next pool process releases if the process that
+        took it is gone."""
+        return self.key("claims", worker_id)
+
     def fence_key(self, problem_id: str) -> str:
         """Counter per problem: every lease taken on it gets the next token (tokens only grow)."""
         return self.key("fence", problem_id)

@@ -1,7 +1,7 @@
 """Test-only operations for the farm's real-process tests (loaded with ``--kernels farm_testops``).
 
 They are deliberately hostile: a wrong but fast candidate, one that raises, one that returns NaN, one that hangs,
-and one that kills its own worker process. None of this ships in ``kernels/``.
+one that kills its own worker process, and one that runs until the test opens a gate. None of this ships in ``kernels/``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,15 @@ def loses_the_device_on_cpu0(x):
     return x + x
 
 
+def waits_for_the_gate(x):
+    """Correct, but holds its group until the file named by FARMTEST_GATE exists: a run that a test can keep going
+    for as long as it needs and then let finish."""
+    gate = os.environ["FARMTEST_GATE"]
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    return x + x
+
+
 def make(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any, ...]:
     return (xp.asarray(rng.random(spec["n"]), dtype=spec["dtype"]),)
 
@@ -90,4 +99,5 @@ OPERATIONS = (
     operation("farmtest_crash", [(vectorized, 0), (kills_its_worker, 1)]),
     operation("farmtest_device", [(loses_the_device_on_cpu0, 0)]),
     operation("farmtest_stubborn", [(vectorized, 0), (ignores_the_soft_limit, 1)]),
+    operation("farmtest_gate", [(waits_for_the_gate, 0)]),
 )

@@ -1,5 +1,6 @@
 """Resume and single flight with real processes: a coordinator SIGKILLed mid-run and started again finishes
-only what is missing; two coordinators on one catalog run every group once."""
+only what is missing; two coordinators on one catalog run every group once; two deliveries of one group in flight
+at once run it once (run claims), and a runner killed mid-group is taken over by the delivery waiting on it."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from farm_helpers import fleet, write_catalog
 from servers import wait_for
 
+from farm.policy import StackPolicy
 from farm.stores.redis import RedisDecisions
+from farm_fleet import presence
+from farm_fleet.protocol import GROUP_TASK, STATUS_OK, GroupTask
+from farm_fleet.results import RedisResults, Runner
 
 pytestmark = pytest.mark.servers
 
@@ -81,6 +87,82 @@ def test_two_coordinators_on_one_catalog_run_every_group_once(redis_srv, tmp_pat
         assert PROBLEMS <= len(counts) <= GROUPS, counts  # every first group; a second one while the budget lasts
         assert set(counts.values()) == {1}, counts
         assert len(f.client().xrange(f.settings.events_key)) == 4  # each decision published once
+
+
+# -- run claims: two deliveries of one group in flight at once (a takeover, a resend) run it once -------------
+
+GATED = ("claims-run", "p1", "g0")
+
+
+def gated_fleet(f, tmp_path):
+    """Two workers whose gated candidate runs until ``tmp_path / "gate"`` exists; (workers by device, the gate)."""
+    f.env["FARMTEST_GATE"] = str(tmp_path / "gate")
+    f.start("cpu:0")
+    f.start("cpu:1")
+    return {w.device: w for w in presence.live_workers(f.client(), f.settings)}, tmp_path / "gate"
+
+
+def deliver(f, worker: presence.WorkerInfo, delivery: str) -> None:
+    """Send the gated group to ``worker``'s own queue, with time limits no loaded machine reaches."""
+    from celery import Celery
+
+    from farm_fleet.celeryconf import celery_config
+
+    policy = StackPolicy(samples=3, warmups=1, budget=2.0, max_relative_mad=1.0).to_dict()
+    task = GroupTask(*GATED, "farmtest_gate", "cpu", {"n": 1000, "dtype": "float64"},
+                     (("waits_for_the_gate", "1"),), policy, worker.fingerprint, ("farm_testops",))
+    app = Celery("claims", set_as_current=False)
+    app.conf.update(celery_config(f.settings))
+    app.send_task(GROUP_TASK, args=[[task.to_dict()]], queue=worker.queue, task_id=delivery, soft_time_limit=150,
+                  time_limit=180)
+    app.close()
+
+
+def finished(worker, delivery: str) -> bool:
+    return f"[{delivery}] succeeded" in worker.output()
+
+
+def second_delivery_waiting(f, tmp_path) -> tuple[Path, Runner]:
+    """cpu:0 runs the gated group (its gate shut) and cpu:1, given the group too, waits on that run: (the gate,
+    cpu:0's runner)."""
+    workers, gate = gated_fleet(f, tmp_path)
+    client = f.client()
+    deliver(f, workers["cpu:0"], "delivery-1")
+    wait_for(lambda: client.exists(f.settings.running_key(*GATED)), 60, "cpu:0 to claim the group")
+    holder = Runner.decode(client.get(f.settings.running_key(*GATED)))
+    deliver(f, workers["cpu:1"], "delivery-2")
+    wait_for(lambda: "waiting for its result" in f.workers[1].output(), 60, "cpu:1 to wait for cpu:0's run")
+    return gate, holder
+
+
+def test_two_deliveries_of_one_group_in_flight_at_once_run_it_once_and_both_answer(redis_srv, tmp_path):
+    with fleet(redis_srv, tmp_path / "fleet", ()) as f:
+        gate, _ = second_delivery_waiting(f, tmp_path)
+        client = f.client()
+        gate.touch()
+        wait_for(lambda: finished(f.workers[0], "delivery-1") and finished(f.workers[1], "delivery-2"), 60,
+                 "both deliveries to finish")
+        result = RedisResults(client, f.settings).get(*GATED)
+        assert result is not None and result.status == STATUS_OK
+        assert result.provenance["device"] == "cpu:0" and result.provenance["attempt"] == 1
+        assert client.get(f.settings.attempts_key(*GATED)) == "1"  # ran once
+        assert not client.exists(f.settings.running_key(*GATED))
+
+
+def test_a_delivery_waiting_on_a_runner_killed_mid_group_runs_the_group_itself(redis_srv, tmp_path):
+    with fleet(redis_srv, tmp_path / "fleet", ()) as f:
+        gate, holder = second_delivery_waiting(f, tmp_path)
+        client = f.client()
+        os.kill(holder.pid, signal.SIGKILL)  # cpu:0's pool process, mid-group; its worker lives on
+        gate.touch()
+        # cpu:0's delivery goes back to its queue (rejected on the lost process). Whichever delivery looks first
+        # takes the dead runner's claim over; the other waits for it and answers with its result.
+        wait_for(lambda: finished(f.workers[0], "delivery-1") and finished(f.workers[1], "delivery-2"), 60,
+                 "both deliveries to finish")
+        result = RedisResults(client, f.settings).get(*GATED)
+        assert result is not None and result.status == STATUS_OK
+        assert result.provenance["attempt"] == 2 and result.provenance["pid"] != holder.pid
+        assert client.get(f.settings.attempts_key(*GATED)) == "2"  # the killed run and one more
 
 
 # -- fencing: leases carry tokens that only grow; publication refuses a stale one atomically --------------------

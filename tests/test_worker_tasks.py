@@ -60,9 +60,9 @@ class FailingSync(HostClient):
         raise RuntimeError("device lost")
 
 
-def context(client=None, **kw) -> WorkerContext:
-    return WorkerContext(client=client or HostClient(0), results=MemoryResults(), settings=Settings(), worker_id="w0",
-                         interrupts=(Interrupt,), **kw)
+def context(client=None, results=None, **kw) -> WorkerContext:
+    return WorkerContext(client=client or HostClient(0), results=results or MemoryResults(), settings=Settings(),
+                         worker_id="w0", interrupts=(Interrupt,), **kw)
 
 
 def task(ctx: WorkerContext, group: str = "g0", names=("doubled",), n: int = 64, **kw) -> dict:
@@ -132,9 +132,9 @@ def test_a_batch_stops_after_a_group_whose_candidate_hit_the_time_limit():
     ctx = context()
     hung = task(ctx, group="g1", names=("interrupted",), n=70)
     later = task(ctx, group="g0", names=("doubled",), n=71)
-    done = run_groups([hung, later], ctx)
-    assert len(done) == 1
-    (outcome,) = done[0]["outcomes"]
+    batch = run_groups([hung, later], ctx)
+    assert len(batch.results) == 1 and batch.unreached == [("round", "p71", "g0")]
+    (outcome,) = batch.results[0]["outcomes"]
     assert outcome["verdict"] == "rejected" and "time limit" in outcome["note"]
     assert ctx.results.get("round", "p71", "g0") is None  # left for the coordinator to send again
 
@@ -193,3 +193,25 @@ def test_a_spec_the_operation_cannot_build_fails_the_group_naming_the_field():
     result = run_group(message, ctx)
     assert result["status"] == STATUS_FAILED
     assert "n must be in 1.." in result["error"]
+
+
+@pytest.mark.servers
+def test_a_run_that_ends_without_a_result_releases_its_run_claim(redis_db):
+    from farm_fleet.results import RedisResults
+
+    settings = Settings(prefix="t")
+    ctx = context(client=FailingSync(0), results=RedisResults(redis_db, settings))
+    with pytest.raises(DeviceQuarantined):
+        run_group(task(ctx), ctx)
+    assert redis_db.get(settings.attempts_key("round", "p64", "g0")) == "1"
+    assert not redis_db.exists(settings.running_key("round", "p64", "g0"))  # the next delivery runs it at once
+
+
+def test_a_time_limit_outside_the_trials_leaves_that_group_and_the_rest_to_be_sent_again():
+    class Waiting(MemoryResults):
+        def begin(self, *args):  # as when the time limit hits while waiting on another delivery's run
+            raise Interrupt("time limit")
+
+    ctx = context(results=Waiting())
+    batch = run_groups([task(ctx, n=80), task(ctx, n=81)], ctx)
+    assert batch.results == [] and batch.unreached == [("round", "p80", "g0"), ("round", "p81", "g0")]

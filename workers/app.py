@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery import Celery, Task, signals
@@ -28,7 +29,7 @@ from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
 from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupResult, GroupTask, ProtocolError
-from farm_fleet.results import RedisResults
+from farm_fleet.results import RedisResults, Runner
 from farm_fleet.settings import Settings
 from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
 
@@ -84,12 +85,13 @@ def create_app(settings: Settings | None = None) -> Celery:
     def run_groups_task(self: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         try:
             ctx = worker_context(settings)
-            keys = [_key(m) for m in messages]
-            ctx.results.started(keys, ctx.worker_id, presence.INCARNATION)
-            done: list[dict[str, Any]] = run_groups(messages, ctx)
-            if len(done) < len(messages) and isinstance(ctx.results, RedisResults):
-                ctx.results.unrun(keys[len(done):])
-            return done
+            hard = (self.request.timelimit or (None,))[0]
+            ctx.deadline = time.monotonic() + float(hard) if hard else None  # run claims end with the task
+            ctx.results.started([_key(m) for m in messages], ctx.worker_id, presence.INCARNATION)
+            batch = run_groups(messages, ctx)
+            if batch.unreached and isinstance(ctx.results, RedisResults):
+                ctx.results.unrun(batch.unreached)
+            return batch.results
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
             raise Reject(f"device quarantined: {e}", requeue=True) from e
@@ -128,8 +130,12 @@ def _record_failure(settings: Settings, args: Any, exc: BaseException) -> None:
 
                 _failure_store = RedisResults(connect(str(settings.redis_url), timeout=5.0), settings)
             store = _failure_store
+        here = Runner.here(os.environ.get(WORKER_ID_VARIABLE, f"pid{os.getpid()}"))
         for message in (args[0] if args else []):
-            store.put_if_absent(GroupResult.failed(GroupTask.from_dict(message), f"task failed: {exc!r}"))
+            task = GroupTask.from_dict(message)
+            holder = store.running_elsewhere(task.run, task.problem_id, task.group, here)
+            if holder is None:  # a group another delivery runs now is not this task's to fail
+                store.put_if_absent(GroupResult.failed(task, f"task failed: {exc!r}"))
     except (StoreUnavailable, ProtocolError, KeyError, TypeError) as e:
         # The coordinator's deadline sends the group again: nothing is lost.
         log.warning("could not record the failure of a task (%s): %s", exc, e)
@@ -145,6 +151,25 @@ def _set_state(state: str) -> None:
         presence.beat(results.client, _context.settings, _context.worker_id, state)
     except Exception as e:  # an unreachable Redis must not fail the task; the next beat heals the record
         log.warning("could not record state %s: %s", state, e)
+
+
+@signals.worker_process_init.connect
+def _release_orphan(**_: Any) -> None:
+    """A new pool process: if the one it replaces was killed mid-group, that group's run claim goes now, so a
+    delivery of it waiting on another worker runs it at once (``farm_fleet.results``)."""
+    settings: Settings = app.conf.farm_settings
+    worker_id = os.environ.get(WORKER_ID_VARIABLE)
+    if worker_id is None or not settings.redis_url:
+        return
+    from farm.stores.redis import connect
+
+    client = connect(settings.redis_url, timeout=1.0, retries=False)
+    try:
+        RedisResults(client, settings).release_orphan(Runner.here(worker_id))
+    except Exception as e:  # the claim expires at its task's hard limit anyway
+        log.warning("could not look for an orphaned run claim: %s", e)
+    finally:
+        client.close()
 
 
 @signals.task_prerun.connect

@@ -32,13 +32,15 @@ from farm.runtimes.base import ComputeClient
 from farm.search import search
 from farm.trials import Validation
 from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask
-from farm_fleet.results import MemoryResults, RedisResults
+from farm_fleet.results import MemoryResults, RedisResults, Runner
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-__all__ = ["DeviceQuarantined", "GuardedTrials", "WorkerContext", "run_group", "run_groups"]
+__all__ = ["Batch", "DeviceQuarantined", "GuardedTrials", "WorkerContext", "run_group", "run_groups"]
+
+Key = tuple[str, str, str]
 
 
 @dataclass
@@ -55,6 +57,18 @@ class WorkerContext:
     quarantined: str | None = None
     interrupted: bool = False
     host: str = field(default_factory=socket.gethostname)
+    deadline: float | None = None  # monotonic time of the current task's hard time limit, when it has one
+
+    @property
+    def runner(self) -> Runner:
+        return Runner.here(self.worker_id)
+
+    def claim_seconds(self) -> float:
+        """How long a run claim taken now may last: until the task's hard time limit (past it the process is
+        killed), or the broker's visibility timeout when the task has none."""
+        if self.deadline is None:
+            return self.settings.visibility_timeout
+        return max(1.0, self.deadline - time.monotonic())
 
     @property
     def digest(self) -> str:
@@ -102,50 +116,86 @@ class GuardedTrials(RuntimeTrials):
         return result
 
 
-def run_groups(messages: list[dict[str, Any]], ctx: WorkerContext) -> list[dict[str, Any]]:
+@dataclass
+class Batch:
+    """What became of a batch's groups: ``results`` of those run or answered, in order; ``unreached``, not begun
+    because the batch stopped after a hang (the coordinator sends them again at once)."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    unreached: list[Key] = field(default_factory=list)
+
+
+def run_groups(messages: list[dict[str, Any]], ctx: WorkerContext) -> Batch:
     """Run a batch of group tasks in order (the coordinator batches tiny groups so the broker's per-task cost
-    is shared). Stops after a group whose candidate hit the time limit: the groups not run get no result and
-    the coordinator sends them again."""
-    done = []
+    is shared). Stops after a group whose candidate hit the time limit, or at a group the time limit interrupted
+    outside its trials: the groups not run get no result and the coordinator sends them again."""
+    batch = Batch()
     ctx.interrupted = False
-    for message in messages:
-        done.append(run_group(message, ctx))
+    for i, message in enumerate(messages):
         if ctx.interrupted:
+            batch.unreached = [_key(m) for m in messages[i:]]
             break
-    return done
+        try:
+            batch.results.append(run_group(message, ctx))
+        except ctx.interrupts:  # the time limit outside the trials (e.g. waiting on another delivery's run)
+            ctx.interrupted = True
+            batch.unreached = [_key(m) for m in messages[i:]]
+            break
+    return batch
+
+
+def _key(message: dict[str, Any]) -> Key:
+    return (str(message["run"]), str(message["problem_id"]), str(message["group"]))
 
 
 def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
     """Run one group task and return its result as JSON. Stored under (run, problem, group) only if absent, so a
-    redelivered task returns the first result. Raises DeviceQuarantined after a device failure."""
+    redelivered task returns the first result, and a delivery that finds another one running the group waits for
+    its result (``farm_fleet.results``): a group runs once. Raises DeviceQuarantined after a device failure."""
     task = GroupTask.from_dict(message)
     if ctx.quarantined is not None:  # before counting an attempt: another worker runs (or answers) the group
         raise DeviceQuarantined(ctx.quarantined)
-    existing, attempt = ctx.results.begin(task.run, task.problem_id, task.group)
-    if existing is not None:
-        body: dict[str, Any] = existing.to_dict()
-        return body
-    provenance = ctx.provenance(attempt)
-    if attempt > ctx.settings.max_attempts:
-        failed = GroupResult.failed(
-            task, f"gave up after {attempt - 1} attempts: the task kept killing its worker", provenance
-        )
-        body = ctx.results.put_if_absent(failed).to_dict()
+    runner = ctx.runner
+    begun = ctx.results.begin(task.run, task.problem_id, task.group, runner, ctx.claim_seconds())
+    if begun.result is not None:
+        body: dict[str, Any] = begun.result.to_dict()
         return body
     try:
+        result = _run_claimed(task, ctx, begun.attempt)
+    except BaseException:
+        _release(task, ctx, runner)
+        raise
+    body = ctx.results.put_if_absent(result).to_dict()  # ends the claim with the result
+    return body
+
+
+def _run_claimed(task: GroupTask, ctx: WorkerContext, attempt: int) -> GroupResult:
+    """The group's result, this delivery holding its run claim."""
+    provenance = ctx.provenance(attempt)
+    if attempt > ctx.settings.max_attempts:
+        return GroupResult.failed(
+            task, f"gave up after {attempt - 1} attempts: the task kept killing its worker", provenance
+        )
+    try:
         with ctx.client.exclusive():  # one acquisition for the whole group; each trial re-enters it for free
-            result = _trials(task, ctx, provenance)
+            return _trials(task, ctx, provenance)
     except TuneFailure as e:
         if e.kind is FailureKind.DEVICE:
             ctx.quarantined = e.message
             if ctx.on_quarantine is not None:
                 ctx.on_quarantine(e.message)
             raise DeviceQuarantined(e.message) from e
-        result = GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
+        return GroupResult.failed(task, f"{e.kind.value}: {e.message}", provenance)
     except (ConfigError, ProtocolError, LookupError, ValueError, DeviceBusy) as e:
-        result = GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
-    body = ctx.results.put_if_absent(result).to_dict()
-    return body
+        return GroupResult.failed(task, f"{type(e).__name__}: {e}", provenance)
+
+
+def _release(task: GroupTask, ctx: WorkerContext, runner: Runner) -> None:
+    """Give up the claim of a run that ended without a result; an unreachable store leaves it to expire."""
+    try:
+        ctx.results.release(task.run, task.problem_id, task.group, runner)
+    except Exception as e:
+        log.warning("could not release the run claim of group %s of %s: %s", task.group, task.problem_id, e)
 
 
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
