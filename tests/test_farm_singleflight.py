@@ -94,11 +94,11 @@ def test_two_coordinators_on_one_catalog_run_every_group_once(redis_srv, tmp_pat
 GATED = ("claims-run", "p1", "g0")
 
 
-def gated_fleet(f, tmp_path):
-    """Two workers whose gated candidate runs until ``tmp_path / "gate"`` exists; (workers by device, the gate)."""
+def gated_fleet(f, tmp_path, devices=("cpu:0", "cpu:1")):
+    """Workers whose gated candidate runs until ``tmp_path / "gate"`` exists; (workers by device, the gate)."""
     f.env["FARMTEST_GATE"] = str(tmp_path / "gate")
-    f.start("cpu:0")
-    f.start("cpu:1")
+    for device in devices:
+        f.start(device)
     return {w.device: w for w in presence.live_workers(f.client(), f.settings)}, tmp_path / "gate"
 
 
@@ -163,6 +163,23 @@ def test_a_delivery_waiting_on_a_runner_killed_mid_group_runs_the_group_itself(r
         assert result is not None and result.status == STATUS_OK
         assert result.provenance["attempt"] == 2 and result.provenance["pid"] != holder.pid
         assert client.get(f.settings.attempts_key(*GATED)) == "2"  # the killed run and one more
+
+
+def test_a_pool_process_killed_mid_group_has_its_claim_released_by_the_next_one(redis_srv, tmp_path):
+    with fleet(redis_srv, tmp_path / "fleet", ()) as f:
+        workers, gate = gated_fleet(f, tmp_path, ("cpu:0",))
+        client = f.client()
+        deliver(f, workers["cpu:0"], "delivery-1")
+        wait_for(lambda: client.exists(f.settings.running_key(*GATED)), 60, "cpu:0 to claim the group")
+        holder = Runner.decode(client.get(f.settings.running_key(*GATED)))
+        os.kill(holder.pid, signal.SIGKILL)
+        # The pool's next process releases the claim before it takes any task: a delivery waiting on another
+        # machine, where the dead pid means nothing, would run the group now instead of at the hard limit.
+        wait_for(lambda: "released the run claim" in f.workers[0].output(), 60, "the next pool process to release it")
+        gate.touch()
+        wait_for(lambda: finished(f.workers[0], "delivery-1"), 60, "the redelivery to run the group")
+        result = RedisResults(client, f.settings).get(*GATED)
+        assert result is not None and result.status == STATUS_OK and result.provenance["attempt"] == 2
 
 
 # -- fencing: leases carry tokens that only grow; publication refuses a stale one atomically --------------------

@@ -39,6 +39,7 @@ KERNELS_VARIABLE = "FARM_KERNELS"
 
 log = logging.getLogger(__name__)
 _context: WorkerContext | None = None
+_worker_settings: Settings | None = None  # the settings of the app created last: the one this worker runs
 
 
 def worker_context(settings: Settings) -> WorkerContext:
@@ -70,11 +71,13 @@ def worker_context(settings: Settings) -> WorkerContext:
 
 
 def create_app(settings: Settings | None = None) -> Celery:
+    global _worker_settings
     settings = settings or Settings.from_env()
     app_settings: Settings = settings  # for the task class below (mypy keeps no narrowing into a class body)
     app = Celery("farm", set_as_current=False)
     app.conf.update(celery_config(settings))
     app.conf.farm_settings = settings
+    _worker_settings = settings
 
     class GroupsTask(Task):
         def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
@@ -157,9 +160,9 @@ def _set_state(state: str) -> None:
 def _release_orphan(**_: Any) -> None:
     """A new pool process: if the one it replaces was killed mid-group, that group's run claim goes now, so a
     delivery of it waiting on another worker runs it at once (``farm_fleet.results``)."""
-    settings: Settings = app.conf.farm_settings
+    settings = _worker_settings
     worker_id = os.environ.get(WORKER_ID_VARIABLE)
-    if worker_id is None or not settings.redis_url:
+    if worker_id is None or settings is None or not settings.redis_url:
         return
     from farm.stores.redis import connect
 
