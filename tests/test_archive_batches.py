@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_archive import (
+from archive_helpers import (
     FP_A,
     FP_B,
     PREFIX,

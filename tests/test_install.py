@@ -191,7 +191,7 @@ def farm_without(modules: str, *args: str | Path, cwd: Path) -> subprocess.Compl
 
 
 def test_archive_commands_that_need_only_files_run_without_redis(tmp_path):
-    from test_archive import FP_A, entry, hand_archive, key_for
+    from archive_helpers import FP_A, entry, hand_archive, key_for
 
     a = hand_archive(tmp_path / "a", FP_A, [entry(key_for(FP_A, "n=1")), entry(key_for(FP_A, "n=2"))])
     b = hand_archive(tmp_path / "b", FP_A, [entry(key_for(FP_A, "n=1"), winner=2, created=2000.0)])
@@ -215,7 +215,7 @@ def test_archive_commands_that_need_only_files_run_without_redis(tmp_path):
     ("pyarrow", ("archive", "inspect", "archive"), "farm"),
 ])
 def test_a_missing_extra_is_one_line_naming_the_install_command(tmp_path, blocked, args, extra):
-    from test_archive import FP_A, entry, hand_archive, key_for
+    from archive_helpers import FP_A, entry, hand_archive, key_for
 
     hand_archive(tmp_path / "archive", FP_A, [entry(key_for(FP_A, "n=1"))])
     done = farm_without(blocked, *args, cwd=tmp_path)
