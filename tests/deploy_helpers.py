@@ -20,7 +20,7 @@ import redis
 import yaml
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from servers import free_port, wait_for
+from servers import free_port, terminate, wait_for
 
 from farm.stores.base import DecisionRecord
 
@@ -251,12 +251,7 @@ def acl_redis(conf: str, directory: Path, reader: bool, prefix: str = "farm",
         wait_for(ready, 20, f"redis-server with {conf} to answer PING")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
 
 
 FINGERPRINT = "8:backend16:device-class-text"

@@ -87,13 +87,18 @@ def redis_server(directory: Path, extra: tuple[str, ...] = ()) -> Iterator[Redis
         wait_for(ready, 20, "redis-server to answer PING")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process)
         log.close()
+
+
+def terminate(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server process: SIGTERM, then SIGKILL if it has not exited within 10 seconds."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass

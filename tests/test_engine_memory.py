@@ -167,22 +167,24 @@ def workload(n: int) -> Any:
     return problem(workload=f"w{n}")
 
 
-def test_fifo_eviction_drops_the_oldest_insert_even_if_it_was_just_read() -> None:
-    tuner = StackTuner(FAST.replace(capacity=2), memory_eviction=MemoryEviction.FIFO)
+def read_first_then_overflow(eviction: MemoryEviction) -> StackTuner:
+    """A memory of two records: workloads 1 and 2 tuned, 1 read back (a memory hit), then 3 tuned."""
+    tuner = StackTuner(FAST.replace(capacity=2), memory_eviction=eviction)
     for n in (1, 2):
         tuner.select(workload(n), C, 0, FakeRunner())
     assert tuner.select(workload(1), C, 0, FakeRunner()).source is DecisionSource.MEMORY_CACHE
     tuner.select(workload(3), C, 0, FakeRunner())
+    return tuner
+
+
+def test_fifo_eviction_drops_the_oldest_insert_even_if_it_was_just_read() -> None:
+    tuner = read_first_then_overflow(MemoryEviction.FIFO)
     assert tuner.select(workload(2), C, 0, FakeRunner()).source is DecisionSource.MEMORY_CACHE
     assert tuner.select(workload(1), C, 0, FakeRunner()).source is DecisionSource.TUNED
 
 
 def test_lru_eviction_drops_the_least_recently_read() -> None:
-    tuner = StackTuner(FAST.replace(capacity=2), memory_eviction=MemoryEviction.LRU)
-    for n in (1, 2):
-        tuner.select(workload(n), C, 0, FakeRunner())
-    assert tuner.select(workload(1), C, 0, FakeRunner()).source is DecisionSource.MEMORY_CACHE
-    tuner.select(workload(3), C, 0, FakeRunner())
+    tuner = read_first_then_overflow(MemoryEviction.LRU)
     assert tuner.select(workload(1), C, 0, FakeRunner()).source is DecisionSource.MEMORY_CACHE
     assert tuner.select(workload(2), C, 0, FakeRunner()).source is DecisionSource.TUNED
 
