@@ -4,7 +4,7 @@ Python blocks run in order, as one script, in a fresh folder; shell blocks run w
 the repository root, where the block is marked so); a block that cannot run here (a GPU, a Docker engine,
 servers that do not exit) carries an HTML comment with the reason on the line before it. Every block is either
 run or marked. What a block's comments say it prints is checked by shape (names, verdicts, counts), never by a
-speed.
+speed. The relative links of the README and of the pages it sends readers to name files and headings that exist.
 """
 
 from __future__ import annotations
@@ -136,3 +136,27 @@ def test_a_readme_shell_block_runs_as_written_and_writes_what_it_names(block, tm
     assert "Traceback" not in done.stderr
     for written in re.findall(r"--out (\S+)", block.text):
         assert (cwd / written).exists(), f"README.md:{block.line}: {written} was not written"
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation dropped, spaces -> -)."""
+    anchors = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/benchmarks.md", "docs/contract.md", "docs/decisions.md",
+                                  "docs/archives.md"])
+def test_every_relative_link_of_the_page_names_a_file_and_heading_that_exist(page):
+    path = ROOT / page
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        assert linked.exists(), f"{page}: link to {target}: no such file"
+        if anchor:
+            assert anchor in heading_anchors(linked), f"{page}: link to {target}: no such heading"
