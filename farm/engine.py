@@ -12,6 +12,7 @@ or a test fake) and stored decisions come from injected stores. The selection or
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import threading
@@ -25,8 +26,10 @@ from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneRep
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
+from farm.roster import Roster
 from farm.scoring import valid_seconds
 from farm.search import admit, search
+from farm.spacesearch import Explored, Prior, explore, family_key, prior_of, space_meta
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
@@ -45,7 +48,7 @@ class Request(NamedTuple):
     """A validated selection request with its cache key (built once, reused on every hit)."""
 
     problem: Problem
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[Candidate, ...] | Roster  # a Roster: a set with spaces, never materialized
     reference: int
     key: str
     lane: str
@@ -84,7 +87,7 @@ class StackTuner:
         self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._write_through = fleet_write_through
-        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
+        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...] | Roster, int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()
         self._validation_unavailable: set[str] = set()
@@ -107,7 +110,7 @@ class StackTuner:
         self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
     ) -> Request:
         """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
-        cands = tuple(candidates)
+        cands = candidates if isinstance(candidates, Roster) else tuple(candidates)
         memo = (problem, cands, reference, device or "")
         with self._lock:
             found = self._requests.get(memo)
@@ -283,35 +286,63 @@ class StackTuner:
         started = time.monotonic()
         ref = req.reference
         cands = req.candidates
-        names = [c.name for c in cands]
+        names = cands.names if isinstance(cands, Roster) else [c.name for c in cands]
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
-        admitted, refused = admit(cands, ref, policy, banned=banned)
+        spaced: Explored | None = None
         try:
-            found = search(runner, policy, ref, cands, admitted, banned=banned)
+            if isinstance(cands, Roster) and cands.has_spaces:
+                spaced = explore(runner, policy, ref, cands, banned, self._space_prior(req, cands))
+                found_outcomes, reference_times = spaced.outcomes, spaced.reference_times
+            else:
+                admitted, refused = admit(cands, ref, policy, banned=banned)
+                found = search(runner, policy, ref, cands, admitted, banned=banned)
+                found_outcomes, reference_times = (*found.outcomes, *refused), found.reference_times
         except ValidationUnavailable:
             with self._lock:
                 self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        outcomes = sorted((*found.outcomes, *refused), key=lambda o: o.index)
-        budget_exhausted = any(o.budget_exhausted for o in outcomes)
+        outcomes = sorted(found_outcomes, key=lambda o: o.index)
+        budget_exhausted = any(o.budget_exhausted for o in outcomes) or (spaced is not None and spaced.budget_exhausted)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
-        reference_times = found.reference_times
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)
-        record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time())
+        meta = space_meta(policy, spaced, names[winner])
+        record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time(),
+                                meta)
         self._store(req, record)
+        if spaced is not None and spaced.covered is not None and isinstance(cands, Roster):
+            family = family_key(req.problem, cands, ref, policy)
+            self._store(req, dataclasses.replace(record, cache_key=family))
         report = TuneReport(
             req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
             names[winner], time.monotonic() - started, budget_exhausted, tuple(reports[i] for i in sorted(reports)),
         )
+        if spaced is not None:
+            report = dataclasses.replace(
+                report, evaluated=spaced.evaluated, space_size=spaced.space_size, strategy=policy.strategy,
+                seed=policy.seed, max_configs=policy.max_configs, covered=spaced.covered, incremental=spaced.incremental,
+            )
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)
         return Decision(winner, ref, names[winner], DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
+
+    def _space_prior(self, req: Request, roster: Roster) -> Prior | None:
+        """The family record of a grown space (farm.spacesearch): memory first, then the disk tier."""
+        family = family_key(req.problem, roster, req.reference, self._policy)
+        with self._lock:
+            record = self._memory.get(family)
+        if record is None and req.problem.persistent and self._disk is not None:
+            disk = self._disk
+            found = self._tier("read a space family record from", lambda: (disk.get(family),))
+            record = None if found is None else found[0]
+        if record is None or not record.is_fresh(time.time(), self._policy.ttl):
+            return None
+        return prior_of(record.meta)
 
     def _store(self, req: Request, record: DecisionRecord) -> None:
         with self._lock:
