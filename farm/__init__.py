@@ -25,6 +25,7 @@ from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
 from farm.scoring import paired_score
 from farm.trials import TrialVerdict
+from farm.space import Space
 from farm.tunable import Implementation, TunableSet
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "RuntimeEnvironment",
     "RuntimeTrials",
     "Scope",
+    "Space",
     "StackPolicy",
     "StackTuner",
     "Stats",

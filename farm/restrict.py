@@ -121,8 +121,8 @@ def _eval(node: ast.expr, config: Mapping[str, Value]) -> Any:
         left, right = _eval(node.left, config), _eval(node.right, config)
         if isinstance(node.op, ast.Pow) and (not isinstance(right, (int, float)) or abs(right) > MAX_EXPONENT):
             raise RestrictionError(f"exponent {right!r} is above the limit of {MAX_EXPONENT}")
-        if isinstance(node.op, ast.Mult) and (isinstance(left, str) or isinstance(right, str)):
-            raise RestrictionError("strings cannot be multiplied")
+        if isinstance(node.op, (ast.Mult, ast.Mod)) and (isinstance(left, str) or isinstance(right, str)):
+            raise RestrictionError("strings cannot be multiplied or formatted")
         return _bounded(_BINARY[type(node.op)](left, right))
     if isinstance(node, ast.Compare):
         left = _eval(node.left, config)

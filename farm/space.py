@@ -84,8 +84,10 @@ class Space:
             given: tuple[Restriction, ...] = ()
         elif isinstance(restrict, str) or callable(restrict):
             given = (restrict,)
-        else:
+        elif isinstance(restrict, (list, tuple)):
             given = tuple(restrict)
+        else:
+            raise TuneFailure.invalid(f"{where}: restriction {restrict!r} is neither an expression nor a callable")
         self.restrictions = given
         self._checks: list[Callable[[Config], bool]] = []
         for r in given:

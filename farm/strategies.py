@@ -17,6 +17,7 @@ Each stops at ``max_configs`` proposals (None: when the spaces run out).
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -187,8 +188,10 @@ class Bayes(_Budgeted):
         super().__init__(roster, max_configs, exclude)
         optuna = _optuna()
         self._optuna = optuna
-        sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True,
-                                             n_startup_trials=10, warn_independent_sampling=False)
+        with warnings.catch_warnings():  # multivariate TPE and the constant liar are marked experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True, multivariate=True,
+                                                 n_startup_trials=10)
         self._study = optuna.create_study(direction="minimize", sampler=sampler)
         self._pending: dict[int, Any] = {}  # position -> its running Optuna trial
         self._known: dict[int, float | None] = {}
