@@ -24,8 +24,8 @@ from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
 from farm.scoring import paired_score
-from farm.trials import TrialVerdict
 from farm.space import Space
+from farm.trials import TrialVerdict
 from farm.tunable import Implementation, TunableSet
 
 __all__ = [
