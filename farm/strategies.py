@@ -66,6 +66,12 @@ def replay(strategy: Strategy, rounds: Sequence[Sequence[tuple[int, float | None
     return strategy
 
 
+def effort(evaluated: int, space_size: int, strategy: str, seed: int | None) -> str:
+    """The summary of a space search: ``evaluated 60 of 10,240 configs (bayes, seed 0)``."""
+    how = strategy if strategy == "exhaustive" or seed is None else f"{strategy}, seed {seed}"
+    return f"evaluated {evaluated:,} of {space_size:,} configs ({how})"
+
+
 def space_size(roster: Roster) -> int:
     """How many configs the roster's spaces declare (their cross products; restrictions apply lazily)."""
     return sum(s.size for s in roster.spaces())

@@ -14,7 +14,7 @@ from farm.engine import StackTuner, Validation
 from farm.errors import TuneFailure
 from farm.policy import StackPolicy, Tolerance
 from farm.roster import Roster
-from farm.strategies import make_strategy, replay
+from farm.strategies import effort, make_strategy, replay
 
 FAST = StackPolicy(warmups=1, samples=3, min_speedup=1.0)
 
@@ -156,3 +156,8 @@ def test_a_changed_restriction_is_a_new_space_searched_in_full() -> None:
     select(space_set(blocks=(8, 16)), FAST, tuner)
     _, again, _ = select(space_set(blocks=(8, 16, 32), restrict="block * unroll <= 256"), FAST, tuner)
     assert not again.incremental and again.evaluated == 24
+
+
+def test_the_summary_says_how_many_configs_of_how_many_a_strategy_evaluated() -> None:
+    assert effort(60, 10240, "bayes", 0) == "evaluated 60 of 10,240 configs (bayes, seed 0)"
+    assert effort(7, 8, "exhaustive", 0) == "evaluated 7 of 8 configs (exhaustive)"
