@@ -29,6 +29,10 @@ Exclude = Callable[[int], bool]
 # How many draws a sampling strategy may reject (infeasible, seen or excluded) per config it proposes before it
 # falls back to walking the remaining configs in order.
 REJECTS_PER_CONFIG = 64
+BAYES_REJECTS_PER_CONFIG = 4  # each rejected TPE suggestion is a trial the model must fit again
+# The value told for a config that failed, gave no ratio, or cannot run: far above any ratio worth having, so the
+# model steers away from its region (TPE ranks values, it does not average them).
+PENALTY = 100.0
 
 
 class Strategy(Protocol):
@@ -185,8 +189,9 @@ class Bayes(_Budgeted):
     """Optuna's TPE sampler over the spaces' parameters (a categorical choice of space when there are several).
 
     Numeric parameters are suggested as indices into their sorted values, so TPE sees their order; strings and
-    bools are categorical. An infeasible, excluded or already proposed suggestion is told back at once (failed,
-    or with its known ratio) and another is asked; after many such rejections the rest is walked in order."""
+    bools are categorical. A failed config is told a penalty; an infeasible, excluded or already proposed
+    suggestion is told back at once (the penalty, or its known ratio) and another is asked. After a few such
+    rejections per config, or once half the space is proposed, the rest is walked from a seeded start."""
 
     name = "bayes"
 
@@ -228,6 +233,9 @@ class Bayes(_Budgeted):
         want = min(n, self.left)
         rejects = 0
         while len(out) < want and self._walking is None and self.total:
+            if len(self.proposed) + len(out) >= self.total // 2:  # a nearly spent space: the model adds nothing
+                self._walking = self.walk(self._rng.randrange(self.total))
+                break
             trial = self._study.ask()
             p = self._suggest(trial)
             if p in out or p in self._pending:
@@ -236,20 +244,18 @@ class Bayes(_Budgeted):
                 self._pending[p] = trial
                 out.append(p)
                 continue
-            elif p in self._known and self._known[p] is not None:
-                self._study.tell(trial, self._known[p])
-            else:
-                self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
+            else:  # proposed before (its known ratio), infeasible or excluded: the model learns it at once
+                known = self._known.get(p)
+                self._study.tell(trial, PENALTY if known is None else known)
             rejects += 1
-            if rejects > REJECTS_PER_CONFIG * max(want, 1):
+            if rejects > BAYES_REJECTS_PER_CONFIG * max(want, 1):
                 self._walking = self.walk(self._rng.randrange(self.total))
         while len(out) < want and self._walking is not None:
             following = next(self._walking, None)
             if following is None:
                 break
-            p = following
-            if p not in out:
-                out.append(p)
+            if following not in out:
+                out.append(following)
         return self.take(out)
 
     def tell(self, results: Sequence[tuple[int, float | None]]) -> None:
@@ -258,8 +264,5 @@ class Bayes(_Budgeted):
             trial = self._pending.pop(position, None)
             if trial is None:
                 continue
-            if ratio is None:
-                self._study.tell(trial, state=self._optuna.trial.TrialState.FAIL)
-            else:
-                self._study.tell(trial, ratio)
+            self._study.tell(trial, PENALTY if ratio is None else ratio)
 
