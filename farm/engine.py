@@ -12,7 +12,6 @@ or a test fake) and stored decisions come from injected stores. The selection or
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import threading
@@ -29,7 +28,7 @@ from farm.policy import MemoryEviction, Mode, StackPolicy
 from farm.roster import Roster
 from farm.scoring import valid_seconds
 from farm.search import admit, search
-from farm.spacesearch import Explored, Prior, explore, family_key, prior_of, space_meta
+from farm.spacesearch import Explored, Prior, annotate, explore, family_key, prior_of, space_meta, with_family
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
@@ -310,22 +309,14 @@ class StackTuner:
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)
-        meta = space_meta(policy, spaced, names[winner])
         record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time(),
-                                meta)
-        self._store(req, record)
-        if spaced is not None and spaced.covered is not None and isinstance(cands, Roster):
-            family = family_key(req.problem, cands, ref, policy)
-            self._store(req, dataclasses.replace(record, cache_key=family))
-        report = TuneReport(
+                                space_meta(policy, spaced, names[winner]))
+        for stored in with_family(record, spaced, req.problem, cands, policy):  # a spaced decision's family record
+            self._store(req, stored)
+        report = annotate(TuneReport(
             req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
             names[winner], time.monotonic() - started, budget_exhausted, tuple(reports[i] for i in sorted(reports)),
-        )
-        if spaced is not None:
-            report = dataclasses.replace(
-                report, evaluated=spaced.evaluated, space_size=spaced.space_size, strategy=policy.strategy,
-                seed=policy.seed, max_configs=policy.max_configs, covered=spaced.covered, incremental=spaced.incremental,
-            )
+        ), policy, spaced)
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)

@@ -16,16 +16,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from farm.decisions import TuneReport
 from farm.identity import CacheKey, Candidate, Problem
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.scoring import judge
 from farm.search import admit, budget_note
 from farm.space import Space, format_value
+from farm.stores.base import DecisionRecord
 from farm.strategies import make_strategy, space_size
 from farm.trials import Outcome, TrialVerdict, candidate_trials, pre_trial_skip, reference_trials
 
@@ -160,3 +162,21 @@ def space_meta(policy: StackPolicy, spaced: Explored | None, winner: str) -> dic
     return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
             "evaluated": spaced.evaluated, "space_size": spaced.space_size, "covered": spaced.covered,
             "winner": winner, "incremental": spaced.incremental}
+
+
+def with_family(record: DecisionRecord, spaced: Explored | None, problem: Problem, candidates: Sequence[Candidate],
+                policy: StackPolicy) -> list[DecisionRecord]:
+    """The records to store for a decision: itself, plus its family record when its search covered its spaces."""
+    if spaced is None or spaced.covered is None or not isinstance(candidates, Roster):
+        return [record]
+    return [record, dataclasses.replace(record, cache_key=family_key(problem, candidates, record.reference_index,
+                                                                     policy))]
+
+
+def annotate(report: TuneReport, policy: StackPolicy, spaced: Explored | None) -> TuneReport:
+    """A search report with its space figures (unchanged for a set without spaces)."""
+    if spaced is None:
+        return report
+    return dataclasses.replace(report, evaluated=spaced.evaluated, space_size=spaced.space_size,
+                               strategy=policy.strategy, seed=policy.seed, max_configs=policy.max_configs,
+                               covered=spaced.covered, incremental=spaced.incremental)
