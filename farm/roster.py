@@ -12,10 +12,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from farm.identity import Candidate
 from farm.space import Config, Space
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class Roster(Sequence[Candidate]):
         self.key_entries: tuple[Candidate, ...] = tuple(
             s.space.entry() if s.space is not None else plain(s.index).candidate() for s in self.segments
         )
-        self.names: Sequence[str] = _Names(self)
-        self.indices: Sequence[int] = _Indices(self)
+        self.names: Sequence[str] = _View(self, lambda p: self[p].name)
+        self.indices: Sequence[int] = _View(self, self._index)  # position -> the set's implementation index
 
     def __len__(self) -> int:
         return self._length
@@ -80,6 +82,10 @@ class Roster(Sequence[Candidate]):
         segment = self.segments[bisect.bisect_right(self._starts, position) - 1]
         return segment, position - segment.start
 
+    def _index(self, position: int) -> int:
+        segment, offset = self.locate(position)
+        return segment.index + offset  # a space config's index is its rank's
+
     def config(self, position: int) -> Config | None:
         """The space config at ``position``, or None for a plain candidate."""
         segment, offset = self.locate(position)
@@ -111,44 +117,22 @@ class Roster(Sequence[Candidate]):
         return any(s.space is not None for s in self.segments)
 
 
-class _Names(Sequence[str]):
-    """The candidate names of a roster, built on demand."""
+class _View(Sequence[T]):
+    """One property of every roster position (its name, its set index), built on demand."""
 
-    def __init__(self, roster: Roster) -> None:
-        self._roster = roster
-
-    def __len__(self) -> int:
-        return len(self._roster)
-
-    @overload
-    def __getitem__(self, position: int) -> str: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[str]: ...
-
-    def __getitem__(self, position: int | slice) -> str | Sequence[str]:
-        if isinstance(position, slice):
-            return [self[i] for i in range(*position.indices(len(self)))]
-        return self._roster[position].name
-
-
-class _Indices(Sequence[int]):
-    """Position -> the tunable set's implementation index (a space config's index is its rank's)."""
-
-    def __init__(self, roster: Roster) -> None:
-        self._roster = roster
+    def __init__(self, roster: Roster, of: Callable[[int], T]) -> None:
+        self._roster, self._of = roster, of
 
     def __len__(self) -> int:
         return len(self._roster)
 
     @overload
-    def __getitem__(self, position: int) -> int: ...
+    def __getitem__(self, position: int) -> T: ...
 
     @overload
-    def __getitem__(self, position: slice) -> Sequence[int]: ...
+    def __getitem__(self, position: slice) -> Sequence[T]: ...
 
-    def __getitem__(self, position: int | slice) -> int | Sequence[int]:
+    def __getitem__(self, position: int | slice) -> T | Sequence[T]:
         if isinstance(position, slice):
-            return [self[i] for i in range(*position.indices(len(self)))]
-        segment, offset = self._roster.locate(position)
-        return segment.index + offset
+            return [self._of(i) for i in range(*position.indices(len(self)))]
+        return self._of(position)

@@ -93,10 +93,21 @@ class _Budgeted:
         self.left = self.total if max_configs is None else min(max_configs, self.total)
         self.proposed: set[int] = set()
         self.exclude = exclude
+        self._walking: Iterator[int] | None = None
 
     def usable(self, position: int) -> bool:
         """Not proposed yet, not excluded, and feasible (the candidate is eligible)."""
         return position not in self.proposed and not self.exclude(position) and self.roster[position].eligible
+
+    def walked(self, out: list[int], want: int) -> list[int]:
+        """Fill ``out`` up to ``want`` from the walk once one started (a sampler's fallback), and take it."""
+        while len(out) < want and self._walking is not None:
+            following = next(self._walking, None)
+            if following is None:
+                break
+            if following not in out:
+                out.append(following)
+        return self.take(out)
 
     def take(self, positions: list[int]) -> list[int]:
         self.proposed.update(positions)
@@ -150,7 +161,6 @@ class RandomDraw(_Budgeted):
     def __init__(self, roster: Roster, max_configs: int | None, seed: int, exclude: Exclude) -> None:
         super().__init__(roster, max_configs, exclude)
         self._rng = random.Random(seed)
-        self._walking: Iterator[int] | None = None
 
     def ask(self, n: int) -> list[int]:
         out: list[int] = []
@@ -164,14 +174,7 @@ class RandomDraw(_Budgeted):
             rejects += 1
             if rejects > REJECTS_PER_CONFIG * max(want, 1):
                 self._walking = self.walk(self._rng.randrange(self.total))
-        while len(out) < want and self._walking is not None:
-            following = next(self._walking, None)
-            if following is None:
-                break
-            p = following
-            if p not in out and self.usable(p):
-                out.append(p)
-        return self.take(out)
+        return self.walked(out, want)
 
 
 def _optuna() -> Any:
@@ -207,7 +210,6 @@ class Bayes(_Budgeted):
         self._pending: dict[int, Any] = {}  # position -> its running Optuna trial
         self._known: dict[int, float | None] = {}
         self._rng = random.Random(seed)
-        self._walking: Iterator[int] | None = None
 
     def _suggest(self, trial: Any) -> int:
         if len(self.segments) == 1:
@@ -250,13 +252,7 @@ class Bayes(_Budgeted):
             rejects += 1
             if rejects > BAYES_REJECTS_PER_CONFIG * max(want, 1):
                 self._walking = self.walk(self._rng.randrange(self.total))
-        while len(out) < want and self._walking is not None:
-            following = next(self._walking, None)
-            if following is None:
-                break
-            if following not in out:
-                out.append(following)
-        return self.take(out)
+        return self.walked(out, want)
 
     def tell(self, results: Sequence[tuple[int, float | None]]) -> None:
         for position, ratio in results:
