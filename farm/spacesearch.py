@@ -95,17 +95,11 @@ def explore(
     """Time the reference, try the admitted plain candidates (all of them, or only a prior's winner), then the
     strategy's configs, within the policy's budget. Raises what :func:`farm.search.search` raises."""
     names = roster.names
-    started = time.monotonic()
-    deadline = started + policy.budget
-    reference_times = reference_trials(runner, policy, reference, names[reference])
     plain, refused = admit(roster, reference, policy, order=roster.plain_positions, banned=banned)
-    first: list[int] = []
+    first = plain  # a grown space's search re-judges only the stored winner among what it covered
     if prior is not None:
         winner = roster.position(prior.winner)
-        first = [winner] if winner is not None and winner != reference else []
-        refused = []
-    else:
-        first = plain
+        first, refused = ([winner] if winner is not None and winner != reference else []), []
 
     def exclude(position: int) -> bool:
         if prior is None:
@@ -113,6 +107,10 @@ def explore(
         segment, rank = roster.locate(position)
         return segment.space is not None and _was_covered(segment.space, segment.space.config(rank), prior.covered)
 
+    strategy = make_strategy(roster, policy, exclude)  # before any trial: a missing Optuna fails at once
+    started = time.monotonic()
+    deadline = started + policy.budget
+    reference_times = reference_trials(runner, policy, reference, names[reference])
     outcomes: list[Outcome] = list(refused)
     exhausted = False
     evaluated = 0
@@ -139,7 +137,6 @@ def explore(
 
     for position in first:
         attempt(position, proposed=False)
-    strategy = make_strategy(roster, policy, exclude)
     while not exhausted:
         asked = strategy.ask(ROUND)
         if not asked:

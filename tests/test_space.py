@@ -147,3 +147,34 @@ def test_a_space_tunes_in_process_on_a_real_client_and_never_picks_a_wrong_confi
     assert not tuned.name.startswith("tiled[block=16,")
     np.testing.assert_allclose(tuned.fn(x), x * 2.0)
     assert report.covered == {"tiled": {"block": [16, 32, 64, 128], "unroll": [1, 2, 4, 8]}}
+
+
+def test_try_execute_stack_runs_the_chosen_config_and_serves_it_from_memory_next_time() -> None:
+    from farm import adapter
+
+    tuner = farm.enable_stack_autotune(farm.StackPolicy(warmups=1, samples=3, max_relative_mad=1.0))
+    try:
+        client = farm.HostClient(0)
+        ts = scale_set()
+        x = np.arange(32, dtype=np.float64)
+        np.testing.assert_allclose(farm.try_execute_stack("scale", "cpu", client, ts, (x,)), x * 2.0)
+        np.testing.assert_allclose(farm.try_execute_stack("scale", "cpu", client, ts, (x,)), x * 2.0)
+        assert (tuner.stats().tunes, tuner.stats().memory_hits) == (1, 1)
+        assert tuner.reports()[-1].space_size == 16
+    finally:
+        adapter._uninstall_for_tests()
+
+
+def test_a_catalog_policy_with_a_bad_strategy_names_the_file_and_field(tmp_path) -> None:
+    from farm.errors import ConfigError
+    from farm_coordinator.catalog import load_catalog
+
+    path = tmp_path / "c.toml"
+    path.write_text('[policy]\nstrategy = "genetic"\n\n[[problems]]\noperation = "matmul"\n'
+                    'workloads = [{ m = 2, n = 2, k = 2, dtype = "float32" }]\n')
+    with pytest.raises(ConfigError, match=r"c\.toml.*policy.*policy\.strategy must be one of exhaustive, random, bayes"):
+        load_catalog(path)
+    path.write_text('[policy]\nstrategy = "bayes"\nmax_configs = 60\nseed = 3\n\n[[problems]]\noperation = "matmul"\n'
+                    'workloads = [{ m = 2, n = 2, k = 2, dtype = "float32" }]\n')
+    policy = load_catalog(path).policy
+    assert (policy.strategy, policy.max_configs, policy.seed) == ("bayes", 60, 3)

@@ -129,6 +129,11 @@ def test_bayes_without_optuna_is_invalid_input_saying_what_to_install(monkeypatc
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(TuneFailure, match=r"pip install 'tuning-farm\[bayes\]'"):
         make_strategy(space_set().roster(), FAST.replace(strategy="bayes"))
+    ts = space_set()
+    runner = CostRunner(ts.roster())
+    with pytest.raises(TuneFailure, match=r"tuning-farm\[bayes\]"):
+        StackTuner(FAST.replace(strategy="bayes")).select(problem(), ts.roster(), 0, runner)
+    assert runner.measured == []  # refused before any trial
 
 
 def test_a_grown_space_evaluates_only_its_new_configs_against_the_stored_winner() -> None:
