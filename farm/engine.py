@@ -27,8 +27,7 @@ from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
 from farm.roster import Roster
 from farm.scoring import valid_seconds
-from farm.search import admit, search
-from farm.spacesearch import Explored, Prior, annotate, explore, family_key, prior_of, space_meta, with_family
+from farm.spacesearch import decided, search_report, searched
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
@@ -288,52 +287,35 @@ class StackTuner:
         names = cands.names if isinstance(cands, Roster) else [c.name for c in cands]
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
-        spaced: Explored | None = None
-        try:
-            if isinstance(cands, Roster) and cands.has_spaces:
-                spaced = explore(runner, policy, ref, cands, banned, self._space_prior(req, cands))
-                found_outcomes, reference_times = spaced.outcomes, spaced.reference_times
-            else:
-                admitted, refused = admit(cands, ref, policy, banned=banned)
-                found = search(runner, policy, ref, cands, admitted, banned=banned)
-                found_outcomes, reference_times = (*found.outcomes, *refused), found.reference_times
+        try:  # a set with spaces: farm.spacesearch, which may find a grown space's family record (_family)
+            outcomes, reference_times, budget_exhausted, spaced = searched(runner, policy, ref, cands, banned,
+                                                                           req.problem, self._family)
         except ValidationUnavailable:
             with self._lock:
                 self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        outcomes = sorted(found_outcomes, key=lambda o: o.index)
-        budget_exhausted = any(o.budget_exhausted for o in outcomes) or (spaced is not None and spaced.budget_exhausted)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)
-        record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time(),
-                                space_meta(policy, spaced, names[winner]))
-        for stored in with_family(record, spaced, req.problem, cands, policy):  # a spaced decision's family record
-            self._store(req, stored)
-        report = annotate(TuneReport(
-            req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
-            names[winner], time.monotonic() - started, budget_exhausted, tuple(reports[i] for i in sorted(reports)),
-        ), policy, spaced)
+        for record in decided(req.key, req.problem, cands, winner, ref, names[winner], selection.verified,
+                              selection.ratio, time.time(), policy, spaced):  # with a spaced one's family record
+            self._store(req, record)
+        report = search_report(req.problem, names[winner], time.monotonic() - started, budget_exhausted,
+                               tuple(reports[i] for i in sorted(reports)), policy, spaced)
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)
         return Decision(winner, ref, names[winner], DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
 
-    def _space_prior(self, req: Request, roster: Roster) -> Prior | None:
-        """The family record of a grown space (farm.spacesearch): memory first, then the disk tier."""
-        family = family_key(req.problem, roster, req.reference, self._policy)
+    def _family(self, key: str, persistent: bool) -> DecisionRecord | None:  # from memory, else the disk tier
         with self._lock:
-            record = self._memory.get(family)
-        if record is None and req.problem.persistent and self._disk is not None:
-            disk = self._disk
-            found = self._tier("read a space family record from", lambda: (disk.get(family),))
-            record = None if found is None else found[0]
-        if record is None or not record.is_fresh(time.time(), self._policy.ttl):
-            return None
-        return prior_of(record.meta)
+            record = self._memory.get(key)
+        disk = self._disk if persistent and record is None else None
+        found = None if disk is None else self._tier("read a space family record from", lambda: (disk.get(key),))
+        return record if found is None else found[0]
 
     def _store(self, req: Request, record: DecisionRecord) -> None:
         with self._lock:

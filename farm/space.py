@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from farm.codetext import code_text
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.restrict import RestrictionError, Value, compile_restriction
@@ -168,8 +169,6 @@ class Space:
 
     def restriction_text(self) -> str:
         """The restrictions as the cache key names them: expressions verbatim, callables by their code."""
-        from farm.tunable import code_text  # farm.tunable imports this module
-
         return fields([r if isinstance(r, str) else "callable:" + code_text(r) for r in self.restrictions])
 
     def descriptor(self) -> str:
@@ -192,8 +191,6 @@ class Space:
     def family(self) -> str:
         """What stays when values are added: the name, parameter names, restrictions and code, without value
         lists. Two spaces of one family differ only by their values (an incremental search's precondition)."""
-        from farm.tunable import code_text
-
         return fields([self.name, self.revision, ",".join(self.names), self.restriction_text(),
                        code_text(self.fn), self.identity])
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +25,18 @@ from farm.identity import CacheKey, Candidate, Problem
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.scoring import judge
-from farm.search import admit, budget_note
+from farm.search import admit, budget_note, search
 from farm.space import Space, format_value
 from farm.stores.base import DecisionRecord
 from farm.strategies import make_strategy, space_size
-from farm.trials import Outcome, TrialVerdict, candidate_trials, pre_trial_skip, reference_trials
+from farm.trials import (
+    CandidateReport,
+    Outcome,
+    TrialVerdict,
+    candidate_trials,
+    pre_trial_skip,
+    reference_trials,
+)
 
 # Configs proposed per ask: the in-process search is serial, the batch only sizes the strategy's rounds.
 ROUND = 8
@@ -161,19 +168,49 @@ def space_meta(policy: StackPolicy, spaced: Explored | None, winner: str) -> dic
             "winner": winner, "incremental": spaced.incremental}
 
 
-def with_family(record: DecisionRecord, spaced: Explored | None, problem: Problem, candidates: Sequence[Candidate],
-                policy: StackPolicy) -> list[DecisionRecord]:
-    """The records to store for a decision: itself, plus its family record when its search covered its spaces."""
+def decided(
+    key: str, problem: Problem, candidates: Sequence[Candidate], index: int, reference: int, name: str,
+    verified: bool, ratio: float, created: float, policy: StackPolicy, spaced: Explored | None,
+) -> list[DecisionRecord]:
+    """The records a search stores: its decision (with :func:`space_meta`), plus the family record of a search
+    that covered its spaces (what a grown space's next search looks for)."""
+    record = DecisionRecord(key, index, reference, name, verified, ratio, created, space_meta(policy, spaced, name))
     if spaced is None or spaced.covered is None or not isinstance(candidates, Roster):
         return [record]
-    return [record, dataclasses.replace(record, cache_key=family_key(problem, candidates, record.reference_index,
-                                                                     policy))]
+    return [record, dataclasses.replace(record, cache_key=family_key(problem, candidates, reference, policy))]
 
 
-def annotate(report: TuneReport, policy: StackPolicy, spaced: Explored | None) -> TuneReport:
-    """A search report with its space figures (unchanged for a set without spaces)."""
+def search_report(problem: Problem, winner: str, elapsed: float, budget_exhausted: bool,
+                  candidates: tuple[CandidateReport, ...], policy: StackPolicy, spaced: Explored | None) -> TuneReport:
+    """A search's report, with its space figures when it searched spaces."""
+    report = TuneReport(problem.operation, problem.environment, problem.workload, problem.execution_context, winner,
+                        elapsed, budget_exhausted, candidates)
     if spaced is None:
         return report
     return dataclasses.replace(report, evaluated=spaced.evaluated, space_size=spaced.space_size,
                                strategy=policy.strategy, seed=policy.seed, max_configs=policy.max_configs,
                                covered=spaced.covered, incremental=spaced.incremental)
+
+
+def searched(
+    runner: Any, policy: StackPolicy, reference: int, candidates: Sequence[Candidate], banned: Collection[str],
+    problem: Problem, stored: Callable[[str, bool], DecisionRecord | None],
+) -> tuple[list[Outcome], tuple[float, ...], bool, Explored | None]:
+    """A miss's search: a plain list through :func:`farm.search.search` (Outcomes of refused candidates
+    included), a roster with spaces through :func:`explore`, incremental when ``stored(family key, persistent)``
+    finds a fresh family record. Returns the outcomes in position order, the reference's timings, whether the
+    search stopped early, and the spaced search (None for a plain list)."""
+    spaced = None
+    if isinstance(candidates, Roster) and candidates.has_spaces:
+        family = stored(family_key(problem, candidates, reference, policy), problem.persistent)
+        fresh = family is not None and family.is_fresh(time.time(), policy.ttl)
+        spaced = explore(runner, policy, reference, candidates, banned,
+                         prior_of(family.meta) if family is not None and fresh else None)
+        outcomes, times = spaced.outcomes, spaced.reference_times
+    else:
+        admitted, refused = admit(candidates, reference, policy, banned=banned)
+        found = search(runner, policy, reference, candidates, admitted, banned=banned)
+        outcomes, times = (*found.outcomes, *refused), found.reference_times
+    ordered = sorted(outcomes, key=lambda o: o.index)
+    exhausted = any(o.budget_exhausted for o in ordered) or (spaced is not None and spaced.budget_exhausted)
+    return ordered, times, exhausted, spaced

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
+from farm.codetext import code_text as code_text  # re-exported: farm_kernels.operation and older callers
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
@@ -55,30 +54,6 @@ class Implementation:
 
     def code_identity(self) -> str:
         return fields([code_text(self.fn), self.identity])
-
-
-def code_text(fn: Callable[..., Any]) -> str:
-    """The source of ``fn`` (or its bytecode and constants when no source is available), the same in every
-    process. A ``functools.partial`` is its function's text plus its bound arguments; a callable object is its
-    class's source. Raises INVALID_INPUT when no process-independent text exists."""
-    target = inspect.unwrap(fn)
-    if isinstance(target, functools.partial):
-        bound = repr(target.args) + repr(sorted(target.keywords.items()))
-        if " at 0x" in bound:
-            raise TuneFailure.invalid(f"partial of {target.func!r} binds arguments without a stable repr: {bound}")
-        return fields([code_text(target.func), bound])
-    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)) and callable(target):
-        target = type(target)
-    try:
-        return inspect.getsource(target)
-    except (OSError, TypeError):
-        code: CodeType | None = getattr(target, "__code__", None)
-        if code is not None:
-            return code.co_code.hex() + repr(code.co_consts)
-        text = repr(target)
-        if " at 0x" in text:
-            raise TuneFailure.invalid(f"no stable code identity for {text}: pass identity= or use a def") from None
-        return text
 
 
 class TunableSet:
