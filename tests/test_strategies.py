@@ -166,3 +166,27 @@ def test_a_changed_restriction_is_a_new_space_searched_in_full() -> None:
 def test_the_summary_says_how_many_configs_of_how_many_a_strategy_evaluated() -> None:
     assert effort(60, 10240, "bayes", 0) == "evaluated 60 of 10,240 configs (bayes, seed 0)"
     assert effort(7, 8, "exhaustive", 0) == "evaluated 7 of 8 configs (exhaustive)"
+
+
+def test_max_candidates_and_the_4096_limit_bound_listed_candidates_not_a_space() -> None:
+    policy = FAST.replace(max_candidates=2)
+    decision, report, _ = select(space_set(), policy)
+    assert report.evaluated == 38 and decision.name == "known[block=64,unroll=4,vector=wide]"
+    big = farm.TunableSet("big", signature=farm.array_signature)
+    big.add(lambda x: x, name="reference", reference=True)
+    big.space(name="wide", a=list(range(100)), b=list(range(100)))(lambda x, *, a, b: x)
+    tuner = StackTuner(FAST.replace(strategy="random", max_configs=5))
+    decision = tuner.select(problem(), big.roster(), 0, Halving())
+    report = tuner.reports()[-1]
+    assert (report.evaluated, report.space_size) == (5, 10_000)
+    assert decision.name.startswith("wide[a=") and len(big.roster()) > 4096
+
+
+class Halving:
+    """A TrialRunner in which every candidate but the reference takes half its time."""
+
+    def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
+        return Validation.PASSED
+
+    def measure(self, candidate: int) -> float:
+        return 1.0 if candidate == 0 else 0.5
