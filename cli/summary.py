@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from farm.stores.base import DecisionRecord
+from farm.strategies import effort
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.sinks import Sink
 
@@ -26,6 +27,7 @@ LEGEND = (
 )
 TABLE_ROWS = 1000  # rows the table shows at most (every failure is listed on stderr; --json lists every decision)
 READ_CHUNK = 500  # records read back per sink call
+SPACE_LINES = 20  # "evaluated N of M configs" lines under the table at most
 
 
 def decided_records(sink: Sink, problems: Iterable[tuple[str, str]]) -> dict[str, DecisionRecord]:
@@ -51,8 +53,28 @@ def rows(summary: Any, sink: Sink) -> list[dict[str, Any]]:
         candidates = record.meta.get("candidates", [])
         row.update(winner=record.name, ratio=record.ratio, verified=record.verified,
                    confirmation=str(record.meta.get("confirmation") or "-").split(":")[0],
-                   lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")))
+                   lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")),
+                   effort=space_effort(record))
     return out
+
+
+def space_effort(record: DecisionRecord) -> str | None:
+    """"evaluated 60 of 10,240 configs (bayes, seed 0)" for a problem tuned over a space, else None. A record
+    without the strategy's own counts (the farm plans every feasible config) counts the configs it judged."""
+    meta = record.meta
+    if isinstance(meta.get("evaluated"), int) and isinstance(meta.get("space_size"), int):
+        return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"))
+    try:
+        from farm_kernels import registry
+
+        spaces = registry.get(str(meta.get("operation"))).tunable(str(meta.get("device_kind"))).spaces
+    except Exception:  # an operation this process cannot load: no line rather than a failed summary
+        return None
+    if not spaces:
+        return None
+    names = [str(c.get("name", "")) for c in meta.get("candidates", [])]
+    judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
+    return effort(judged, sum(s.size for s in spaces), "exhaustive", None)
 
 
 def with_records(sink: Sink, all_rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], DecisionRecord | None]]:
@@ -72,6 +94,7 @@ def _row(settled: Any) -> dict[str, Any]:
 
 
 def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
+    from rich.markup import escape  # a space config's name, tiled[block=32], is not markup
     from rich.table import Table
 
     failed = len(failures(all_rows))
@@ -89,11 +112,16 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
         if "winner" not in r:  # published, but its record cannot be read back now
             t.add_row(*head, "[yellow]unreadable[/yellow]", "-", "-", "-", "-")
             continue
-        t.add_row(*head, r["winner"], f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
+        t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
                   str(r["lost"]))
+    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}" for r in all_rows[:TABLE_ROWS] if r.get("effort")]
+    if len(spaced) > SPACE_LINES:
+        spaced = [*spaced[:SPACE_LINES], f"... and {len(spaced) - SPACE_LINES:,} more problems tuned over spaces"]
     if len(all_rows) > TABLE_ROWS:
-        t.caption = (f"the first {TABLE_ROWS:,} of {len(all_rows):,} problems; `farm tune --json` lists them all, "
-                     f"`farm report` explains them")
+        spaced.append(f"the first {TABLE_ROWS:,} of {len(all_rows):,} problems; `farm tune --json` lists them all, "
+                      f"`farm report` explains them")
+    if spaced:
+        t.caption = escape("\n".join(spaced))
     return t
 
 

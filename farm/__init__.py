@@ -24,6 +24,7 @@ from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
 from farm.scoring import paired_score
+from farm.space import Space
 from farm.trials import TrialVerdict
 from farm.tunable import Implementation, TunableSet
 
@@ -45,6 +46,7 @@ __all__ = [
     "RuntimeEnvironment",
     "RuntimeTrials",
     "Scope",
+    "Space",
     "StackPolicy",
     "StackTuner",
     "Stats",

@@ -172,8 +172,8 @@ class Prepared(NamedTuple):
     """What a workload needs on every call, computed once: the validated request and the candidate mapping."""
 
     request: Request
-    indices: tuple[int, ...]
-    fns: tuple[Callable[..., Any], ...]
+    indices: Sequence[int]
+    fns: Sequence[Callable[..., Any]]
 
 
 def problem_for(name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Problem:
@@ -192,14 +192,18 @@ def problem_for(name: str, device_id: str, client: ComputeClient, tunable: Tunab
 
 def stack_request(
     name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs
-) -> tuple[Problem, list[Candidate], list[int]]:
+) -> tuple[Problem, Sequence[Candidate], Sequence[int]]:
     """The problem, the candidate list (reference first, then every planned group) and the implementation index
-    of each candidate: exactly what ``try_execute_stack`` tunes, so farm workers compute the same cache key."""
+    of each candidate: exactly what ``try_execute_stack`` tunes, so farm workers compute the same cache key.
+    A set with spaces gives its lazy :class:`farm.roster.Roster` and the roster's lazy indices."""
     reference = tunable.stack_reference()
     if reference is None or not 0 <= reference < len(tunable):
         raise TuneFailure.invalid(f"{name}: no explicit reference was registered")
-    order = tunable.search_order()
     problem = problem_for(name, device_id, client, tunable, inputs)
+    if tunable.spaces:
+        roster = tunable.roster()
+        return problem, roster, roster.indices
+    order = tunable.search_order()
     return problem, [tunable[i].candidate() for i in order], order
 
 
@@ -211,7 +215,10 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
         return found
     problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)
     request = tuner.request(problem, candidates, 0, device=client.device_id)
-    built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
+    if tunable.spaces:
+        built = Prepared(request, order, _Functions(tunable, order))
+    else:
+        built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
     describe = getattr(tuner.feedback, "describe", None)
     if describe is not None:  # once per workload, off the hit path: what a fleet report says this key is
         describe(problem, request.key, name, client.device_kind, _spec(tunable, inputs))
@@ -242,6 +249,27 @@ def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_
     except Exception:
         tuner.invalidate(decision, True)
         raise
+
+
+class _Functions(Sequence[Callable[..., Any]]):
+    """The function of each candidate position of a set with spaces, built on demand and kept for the positions
+    used (a hit calls the same few), bounded."""
+
+    def __init__(self, tunable: TunableSet, indices: Sequence[int]) -> None:
+        self._tunable, self._indices = tunable, indices
+        self._built: dict[int, Callable[..., Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, position: Any) -> Any:
+        fn = self._built.get(position)
+        if fn is None:
+            fn = self._tunable[self._indices[position]].fn
+            if len(self._built) >= 256:
+                self._built.clear()
+            self._built[position] = fn
+        return fn
 
 
 def _spec(tunable: TunableSet, inputs: Inputs) -> dict[str, Any] | None:

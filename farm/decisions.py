@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from farm.policy import Tolerance
 from farm.trials import CandidateReport, Validation
@@ -83,6 +83,16 @@ class TuneReport:
     elapsed: float
     budget_exhausted: bool
     candidates: tuple[CandidateReport, ...]
+    # A set with spaces (farm.spacesearch): the space configs evaluated, how many the spaces declare, the
+    # strategy, seed and max_configs that chose them, the configs the decision covers ({space: {param: values}};
+    # None: not all of them), and whether only a grown space's new configs were searched.
+    evaluated: int = 0
+    space_size: int = 0
+    strategy: str | None = None
+    seed: int | None = None
+    max_configs: int | None = None
+    covered: dict[str, dict[str, list[Any]]] | None = None
+    incremental: bool = False
 
 
 _depth = threading.local()

@@ -25,8 +25,9 @@ from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneRep
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
+from farm.roster import Roster
 from farm.scoring import valid_seconds
-from farm.search import admit, search
+from farm.spacesearch import decided, search_report, searched
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
@@ -45,7 +46,7 @@ class Request(NamedTuple):
     """A validated selection request with its cache key (built once, reused on every hit)."""
 
     problem: Problem
-    candidates: tuple[Candidate, ...]
+    candidates: tuple[Candidate, ...] | Roster  # a Roster: a set with spaces, never materialized
     reference: int
     key: str
     lane: str
@@ -84,7 +85,7 @@ class StackTuner:
         self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._write_through = fleet_write_through
-        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
+        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...] | Roster, int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()
         self._validation_unavailable: set[str] = set()
@@ -107,7 +108,7 @@ class StackTuner:
         self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
     ) -> Request:
         """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
-        cands = tuple(candidates)
+        cands = candidates if isinstance(candidates, Roster) else tuple(candidates)
         memo = (problem, cands, reference, device or "")
         with self._lock:
             found = self._requests.get(memo)
@@ -283,35 +284,38 @@ class StackTuner:
         started = time.monotonic()
         ref = req.reference
         cands = req.candidates
-        names = [c.name for c in cands]
+        names = cands.names if isinstance(cands, Roster) else [c.name for c in cands]
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
-        admitted, refused = admit(cands, ref, policy, banned=banned)
-        try:
-            found = search(runner, policy, ref, cands, admitted, banned=banned)
+        try:  # a set with spaces: farm.spacesearch, which may find a grown space's family record (_family)
+            outcomes, reference_times, budget_exhausted, spaced = searched(runner, policy, ref, cands, banned,
+                                                                           req.problem, self._family)
         except ValidationUnavailable:
             with self._lock:
                 self._validation_unavailable.add(req.key)
             return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
-        outcomes = sorted((*found.outcomes, *refused), key=lambda o: o.index)
-        budget_exhausted = any(o.budget_exhausted for o in outcomes)
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
-        reference_times = found.reference_times
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)
-        record = DecisionRecord(req.key, winner, ref, names[winner], selection.verified, selection.ratio, time.time())
-        self._store(req, record)
-        report = TuneReport(
-            req.problem.operation, req.problem.environment, req.problem.workload, req.problem.execution_context,
-            names[winner], time.monotonic() - started, budget_exhausted, tuple(reports[i] for i in sorted(reports)),
-        )
+        for record in decided(req.key, req.problem, cands, winner, ref, names[winner], selection.verified,
+                              selection.ratio, time.time(), policy, spaced):  # with a spaced one's family record
+            self._store(req, record)
+        report = search_report(req.problem, names[winner], time.monotonic() - started, budget_exhausted,
+                               tuple(reports[i] for i in sorted(reports)), policy, spaced)
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)
         return Decision(winner, ref, names[winner], DecisionSource.TUNED, selection.verified, selection.ratio, req.key)
+
+    def _family(self, key: str, persistent: bool) -> DecisionRecord | None:  # from memory, else the disk tier
+        with self._lock:
+            record = self._memory.get(key)
+        disk = self._disk if persistent and record is None else None
+        found = None if disk is None else self._tier("read a space family record from", lambda: (disk.get(key),))
+        return record if found is None else found[0]
 
     def _store(self, req: Request, record: DecisionRecord) -> None:
         with self._lock:

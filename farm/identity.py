@@ -217,10 +217,12 @@ def check_request(problem: Problem, candidates: Sequence[Candidate], reference: 
 def cache_key(problem: Problem, candidates: Sequence[Candidate], reference: int, policy: StackPolicy) -> str:
     """The exact key of a decision: every field that can make a stored decision wrong or stale.
 
-    Raises INVALID_INPUT for malformed input or a key above 384 KiB.
+    Raises INVALID_INPUT for malformed input or a key above 384 KiB. A lazy candidate list with spaces
+    (farm.roster.Roster) is keyed by its ``key_entries``: each space by its descriptor, never config by config.
     """
-    check_request(problem, candidates, reference, policy)
-    key = CacheKey.of(problem, candidates, reference, policy).encode()
+    listed: Sequence[Candidate] = getattr(candidates, "key_entries", candidates)
+    check_request(problem, listed, reference, policy)
+    key = CacheKey.of(problem, listed, reference, policy).encode()
     if len(key.encode()) > MAX_KEY_BYTES:
         raise TuneFailure.invalid(f"cache key is {len(key.encode())} bytes, above the limit of {MAX_KEY_BYTES}")
     return key

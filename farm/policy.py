@@ -62,6 +62,7 @@ class Tolerance:
 
 
 DAY = 86400.0
+STRATEGIES = ("exhaustive", "random", "bayes")
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,12 @@ class StackPolicy:
     confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
     reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
     verdict means (docs/decisions.md).
+
+    ``strategy`` chooses which configs of a tunable set's spaces a search evaluates (farm.strategies):
+    "exhaustive" (every feasible config in order), "random" (distinct feasible configs drawn with ``seed``) or
+    "bayes" (Optuna's TPE sampler, the ``tuning-farm[bayes]`` extra). ``max_configs`` (None: no limit but the
+    space and the budget) bounds the space configs evaluated; ``max_candidates`` bounds the listed candidates.
+    Like the budget they bound effort, so they are recorded with the decision and are not in the accuracy key.
     """
 
     mode: Mode = Mode.EXPLORE
@@ -160,6 +167,9 @@ class StackPolicy:
     regression_ratio: float = 1.15
     max_disturbed: float = 0.5
     require_confirmation: bool = False
+    strategy: str = "exhaustive"
+    max_configs: int | None = None
+    seed: int = 0
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -212,6 +222,11 @@ class StackPolicy:
         real("max_disturbed", 0.0)
         if self.max_disturbed > 1.0:
             raise bad("max_disturbed", "must be a fraction in 0..1")
+        if self.strategy not in STRATEGIES:
+            raise bad("strategy", f"must be one of {', '.join(STRATEGIES)}")
+        if self.max_configs is not None:
+            integer("max_configs", 1, 1 << 40)
+        integer("seed", 0, (1 << 63) - 1)
         return self
 
     @property

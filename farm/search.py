@@ -23,6 +23,7 @@ from typing import Any
 
 from farm.identity import Candidate
 from farm.policy import StackPolicy
+from farm.roster import Roster
 from farm.trials import Outcome, TrialVerdict, candidate_trials, pre_trial_skip, reference_trials
 
 
@@ -90,7 +91,7 @@ def search(
     REJECTED when the reference itself fails; every candidate failure is an Outcome.
     """
     budget = policy.budget if budget is None else budget
-    names = [c.name for c in candidates]
+    names = candidates.names if isinstance(candidates, Roster) else [c.name for c in candidates]
     started = time.monotonic()
     reference_times = reference_trials(runner, policy, reference, names[reference])
     if not charge_reference:

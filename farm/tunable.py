@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from types import CodeType
 from typing import Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
+from farm.codetext import code_text as code_text  # re-exported: farm_kernels.operation and older callers
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
+from farm.restrict import Value
+from farm.roster import Roster, Segment
+from farm.space import Restriction, Space
 
 Inputs = tuple[Any, ...]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,30 +54,6 @@ class Implementation:
 
     def code_identity(self) -> str:
         return fields([code_text(self.fn), self.identity])
-
-
-def code_text(fn: Callable[..., Any]) -> str:
-    """The source of ``fn`` (or its bytecode and constants when no source is available), the same in every
-    process. A ``functools.partial`` is its function's text plus its bound arguments; a callable object is its
-    class's source. Raises INVALID_INPUT when no process-independent text exists."""
-    target = inspect.unwrap(fn)
-    if isinstance(target, functools.partial):
-        bound = repr(target.args) + repr(sorted(target.keywords.items()))
-        if " at 0x" in bound:
-            raise TuneFailure.invalid(f"partial of {target.func!r} binds arguments without a stable repr: {bound}")
-        return fields([code_text(target.func), bound])
-    if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)) and callable(target):
-        target = type(target)
-    try:
-        return inspect.getsource(target)
-    except (OSError, TypeError):
-        code: CodeType | None = getattr(target, "__code__", None)
-        if code is not None:
-            return code.co_code.hex() + repr(code.co_consts)
-        text = repr(target)
-        if " at 0x" in text:
-            raise TuneFailure.invalid(f"no stable code identity for {text}: pass identity= or use a def") from None
-        return text
 
 
 class TunableSet:
@@ -107,6 +85,7 @@ class TunableSet:
         self._key = key
         self._tolerance = tolerance
         self._impls: list[Implementation] = []
+        self._spaces: list[Space] = []
         self._reference: int | None = None
         self._checksum: str | None = None
         self.prepared: dict[Hashable, Any] = {}  # farm.adapter.Prepared by workload (it imports this module)
@@ -165,6 +144,73 @@ class TunableSet:
 
         return register(fn) if fn is not None else register
 
+    def space(
+        self,
+        *,
+        name: str | None = None,
+        group: int = 0,
+        revision: str = "1",
+        workspace_bytes: int | None = None,
+        eligible: bool = True,
+        identity: str = "",
+        restrict: Restriction | list[Restriction] | None = None,
+        **params: list[Value] | tuple[Value, ...],
+    ) -> Callable[[F], F]:
+        """Decorator registering a tuning space: ``@set.space(group=0, block=[16, 32], restrict="block <= 32")``.
+
+        Each config is a candidate named ``fn[block=16]`` and called as ``fn(*inputs, **config)``; the space is
+        never materialized (farm.space). Raises INVALID_INPUT for a bad parameter list or restriction, or a name
+        clash with a candidate or another space."""
+
+        def register(f: F) -> F:
+            self.add_space(Space(name or str(getattr(f, "__name__", "")), f, params, restrict, revision=revision,
+                                 group=group, workspace_bytes=workspace_bytes, eligible=eligible, identity=identity))
+            return f
+
+        return register
+
+    def add_space(self, space: Space) -> Space:
+        """Register a :class:`Space` (what :meth:`space` does)."""
+        if isinstance(space.group, bool) or not isinstance(space.group, int):
+            raise TuneFailure.invalid(f"{self.name}: space {space.name!r} group must be an integer, got {space.group!r}")
+        if any(i.name == space.name for i in self._impls) or any(s.name == space.name for s in self._spaces):
+            raise TuneFailure.invalid(f"{self.name}: space name {space.name!r} is a duplicate")
+        self._spaces.append(space)
+        self._checksum = None
+        with self.prepared_lock:
+            self.prepared.clear()
+        return space
+
+    @property
+    def spaces(self) -> tuple[Space, ...]:
+        return tuple(self._spaces)
+
+    def roster(self) -> Roster:
+        """The controller's candidate list, lazily: the reference, then each group's eligible plain candidates and
+        spaces (farm.roster). For a set without spaces it lists exactly :meth:`search_order`."""
+        if self._reference is None:
+            raise TuneFailure.invalid(f"{self.name}: no explicit reference was registered")
+        segments = [Segment(0, 1, self._reference)]
+        bases = self._space_bases()
+        for group in self._groups():
+            for n, impl in enumerate(self._impls):
+                if impl.group == group and impl.eligible and n != self._reference:
+                    segments.append(Segment(segments[-1].start + segments[-1].size, 1, n))
+            for space, base in zip(self._spaces, bases, strict=True):
+                if space.group == group and space.eligible:
+                    segments.append(Segment(segments[-1].start + segments[-1].size, space.size, base, space))
+        return Roster(segments, self.__getitem__, self.checksum())
+
+    def _space_bases(self) -> list[int]:
+        bases, base = [], len(self._impls)
+        for space in self._spaces:
+            bases.append(base)
+            base += space.size
+        return bases
+
+    def _groups(self) -> list[int]:
+        return sorted({i.group for i in self._impls} | {s.group for s in self._spaces})
+
     def reference(self, fn: Any = None, **options: Any) -> Any:
         """Decorator registering the reference (the trusted implementation every candidate is checked against)."""
         options["reference"] = True
@@ -173,10 +219,21 @@ class TunableSet:
     # -- the seed's TunableSet surface --------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self._impls)
+        """Plain candidates plus every config of every space (a space's configs follow the plain ones)."""
+        return len(self._impls) + sum(s.size for s in self._spaces)
 
     def __getitem__(self, index: int) -> Implementation:
-        return self._impls[index]
+        """The implementation at ``index``; a space config's is built on demand: its canonical name, and its
+        function with the config bound as keywords (called as ``fn(*inputs, **config)``)."""
+        if index < len(self._impls) or not self._spaces:
+            return self._impls[index]
+        for space, base in zip(self._spaces, self._space_bases(), strict=True):
+            if base <= index < base + space.size:
+                config = space.config(index - base)
+                return Implementation(space.config_name(config), functools.partial(space.fn, **config),
+                                      space.revision, space.group, space.workspace_bytes,
+                                      space.eligible and space.feasible(config), space.identity)
+        raise IndexError(f"{self.name}: candidate index {index} is out of range")
 
     @property
     def implementations(self) -> tuple[Implementation, ...]:
@@ -224,10 +281,15 @@ class TunableSet:
         return Tolerance(own.absolute, own.relative, default.max_bytes)
 
     def plan(self) -> Iterator[list[int]]:
-        """Every eligible priority group, lowest group number first (registration order within a group)."""
-        groups = sorted({i.group for i in self._impls})
-        for group in groups:
+        """Every eligible priority group, lowest group number first (registration order within a group, a group's
+        spaces after its plain candidates). A space's feasible configs are listed one by one here: this is the
+        farm planner's full list; an in-process search walks :meth:`roster` lazily instead."""
+        bases = self._space_bases()
+        for group in self._groups():
             batch = [n for n, impl in enumerate(self._impls) if impl.group == group and impl.eligible]
+            for space, base in zip(self._spaces, bases, strict=True):
+                if space.group == group and space.eligible:
+                    batch.extend(base + rank for rank in space.feasible_ranks())
             if batch:
                 yield batch
 
@@ -250,5 +312,8 @@ class TunableSet:
                 )
             if self._tolerance is not None:
                 parts.append(code_text(self._tolerance))
+            # A space's value lists are in the cache key's manifest, not here: a grown space keeps the operation.
+            parts.extend(fields(["space", str(s.group), str(s.workspace_bytes), str(s.eligible), s.family()])
+                         for s in self._spaces)
             self._checksum = hashlib.sha256(fields(parts).encode()).hexdigest()
         return self._checksum

@@ -7,7 +7,8 @@ contiguous | transposed | strided; the bias is always contiguous), ``seed``. x a
 
 Host candidates (reference: unfused, the bias add then GELU as separate array expressions with a temporary per
 step): a fused in-place chain over two buffers, the same through the identity ``(1 + tanh z) / 2 = sigmoid(2z)``
-(one exp instead of a tanh), and the in-place chain over cache-sized blocks of rows (64 KiB, 1 MiB). CUDA
+(one exp instead of a tanh), and a space of the in-place chain over blocks of rows
+(16 KiB..2 MiB). CUDA
 candidates (reference: the unfused chain in CuPy, in float32 for float16): one-kernel fusions with one element per
 thread, four per thread, a block per row, and 32 x 32 tiles with the bias staged in shared memory.
 """
@@ -100,21 +101,17 @@ def fused_sigmoid(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return t
 
 
-def row_chunks(target_bytes: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """The fused chain over blocks of rows of about ``target_bytes``: both buffers of a block stay in cache."""
-
-    def chunks(x: np.ndarray, bias: np.ndarray) -> np.ndarray:
-        rows, cols = x.shape
-        out = np.empty((rows, cols), dtype=np.result_type(x, bias))
-        step = max(1, target_bytes // (cols * out.itemsize))
-        scratch = np.empty((min(step, rows), cols), dtype=out.dtype)
-        for i in range(0, rows, step):
-            block = out[i : i + step]
-            y = np.add(x[i : i + step], bias, out=scratch[: block.shape[0]])
-            gelu_into(y, block)
-        return out
-
-    return chunks
+def fused_row_chunks(x: np.ndarray, bias: np.ndarray, *, kib: int) -> np.ndarray:
+    """The fused chain over blocks of rows of about ``kib`` KiB: both buffers of a block stay in cache."""
+    rows, cols = x.shape
+    out = np.empty((rows, cols), dtype=np.result_type(x, bias))
+    step = max(1, (kib << 10) // (cols * out.itemsize))
+    scratch = np.empty((min(step, rows), cols), dtype=out.dtype)
+    for i in range(0, rows, step):
+        block = out[i : i + step]
+        y = np.add(x[i : i + step], bias, out=scratch[: block.shape[0]])
+        gelu_into(y, block)
+    return out
 
 
 def host_tunable() -> TunableSet:
@@ -123,9 +120,7 @@ def host_tunable() -> TunableSet:
     ts.add(unfused, reference=True)
     ts.add(fused_inplace, group=0, identity=code_identity(gelu_into))
     ts.add(fused_sigmoid, group=0)
-    for size in (64 << 10, 1 << 20):
-        ts.add(row_chunks(size), name=f"fused_row_chunks_{size >> 10}k", group=1,
-               identity=code_identity(gelu_into, target_bytes=size))
+    ts.space(group=1, kib=[16, 32, 64, 128, 256, 512, 1024, 2048], identity=code_identity(gelu_into))(fused_row_chunks)
     return ts
 
 

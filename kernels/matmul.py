@@ -6,13 +6,15 @@ strided views), ``seed``. Input values are uniform in [-1, 1).
 
 Host candidates (reference ``numpy.matmul``): ``numpy.dot`` (less dispatch overhead on tiny products), the
 transposed product ``(B^T A^T)^T`` (hands BLAS transposed operands as C-ordered ones), ``dot`` of contiguous
-copies, ``tensordot``, ``einsum`` and row-panel products at three panel heights. CUDA candidates (reference
+copies, ``tensordot``, ``einsum`` and a space of row-panel products (panel heights
+8..512). CUDA candidates (reference
 ``cupy.matmul``, cuBLAS): tiled GEMMs with 16 x 16 and 32 x 32 tiles, and thread-coarsened GEMMs (32 x 32 tiles,
 4 outputs per thread; 64 x 64 tiles, 4 and 8 outputs per thread) from ``cuda/matmul.cu``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from farm_kernels.cuda import (
     i64,
 )
 from farm_kernels.layout import arrange, layout_of, uniform
-from farm_kernels.operation import Operation, choice, code_identity, dim
+from farm_kernels.operation import Operation, choice, code_identity, dim  # noqa: F401  (code_identity: see row_panels)
 
 NAME = "matmul"
 LAYOUTS = ("contiguous", "a_transposed", "b_transposed", "transposed", "strided")
@@ -100,16 +102,18 @@ def einsum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return result
 
 
-def row_panels(height: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+def panels(a: np.ndarray, b: np.ndarray, *, height: int) -> np.ndarray:
     """A blocked product: ``height`` rows of C at a time, each panel one BLAS call written in place."""
+    out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
+    for i in range(0, a.shape[0], height):
+        np.matmul(a[i : i + height], b, out=out[i : i + height])
+    return out
 
-    def panels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        out = np.empty((a.shape[0], b.shape[1]), dtype=np.result_type(a, b))
-        for i in range(0, a.shape[0], height):
-            np.matmul(a[i : i + height], b, out=out[i : i + height])
-        return out
 
-    return panels
+def row_panels(height: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """One panel height as a plain candidate (register it with ``identity=code_identity(height=...)``); the
+    host set tunes the heights as the ``row_panels`` space."""
+    return functools.partial(panels, height=height)
 
 
 def host_tunable() -> TunableSet:
@@ -121,8 +125,8 @@ def host_tunable() -> TunableSet:
     ts.add(contiguous_dot, group=0)
     ts.add(tensordot, group=1)
     ts.add(einsum, group=1)
-    for height in (32, 64, 128):
-        ts.add(row_panels(height), name=f"row_panels_{height}", group=2, identity=code_identity(height=height))
+    # Panel heights from a few rows (cache-resident panels of a tall A) to whole blocks BLAS splits itself.
+    ts.space(name="row_panels", group=2, height=[8, 16, 32, 64, 128, 256, 512])(panels)
     return ts
 
 

@@ -5,7 +5,8 @@ float16, float32), ``layout`` (contiguous | transposed | strided), ``seed``. Val
 
 Host candidates (reference ``numpy.sum``): ``numpy.add.reduce`` (the ufunc without ``sum``'s Python wrapper), a
 matrix-vector product with ones (BLAS), ``einsum``, float64 accumulation then a cast, an explicit pairwise
-(halving) tree, chunked accumulation of 256-long partial sums, and the last element of ``cumsum``. CUDA candidates
+(halving) tree, a space of chunked accumulations (partial sums
+32..4096 long), and the last element of ``cumsum``. CUDA candidates
 (reference ``cupy.sum``, accumulated in float32 for float16): block-per-output shared-memory trees with 128, 256
 and 512 threads, a block-per-output warp-shuffle reduction, warp-per-output and thread-per-output kernels.
 """
@@ -32,12 +33,11 @@ from farm_kernels.cuda import (
     i64,
 )
 from farm_kernels.layout import LAYOUTS, arrange, layout_of, uniform
-from farm_kernels.operation import Operation, SpecField, choice, code_identity, dim
+from farm_kernels.operation import Operation, SpecField, choice, dim
 
 NAME = "reduce_sum"
 HOST_DTYPES = ("float32", "float64")
 CUDA_DTYPES = ("float16", "float32")
-CHUNK = 256
 
 
 def host_tolerance(a: np.ndarray, axis: int) -> Tolerance:
@@ -101,12 +101,12 @@ def pairwise_halving(a: np.ndarray, axis: int) -> np.ndarray:
     return result
 
 
-def chunked(a: np.ndarray, axis: int) -> np.ndarray:
-    # Partial sums of CHUNK-long slices accumulated into one vector: short inner reductions, one running total.
+def chunked(a: np.ndarray, axis: int, *, chunk: int) -> np.ndarray:
+    # Partial sums of chunk-long slices accumulated into one vector: short inner reductions, one running total.
     n = a.shape[axis]
     total = np.zeros(a.shape[1 - axis], dtype=a.dtype)
-    for p in range(0, n, CHUNK):
-        total += (a[p : p + CHUNK] if axis == 0 else a[:, p : p + CHUNK]).sum(axis=axis)
+    for p in range(0, n, chunk):
+        total += (a[p : p + chunk] if axis == 0 else a[:, p : p + chunk]).sum(axis=axis)
     return total
 
 
@@ -124,7 +124,7 @@ def host_tunable() -> TunableSet:
     ts.add(einsum, group=0)
     ts.add(float64_accumulate, group=1)
     ts.add(pairwise_halving, group=1)
-    ts.add(chunked, group=1, identity=code_identity(chunk=CHUNK))
+    ts.space(group=1, chunk=[32, 64, 128, 256, 512, 1024, 4096])(chunked)
     ts.add(cumsum_last, group=2)
     return ts
 

@@ -5,9 +5,9 @@ Spec: ``rows``, ``cols`` (1..65536), ``dtype`` (cpu: float32, float64; cuda: flo
 
 Host candidates (reference: the numerically stable three-pass form, max then exp-sum then divide): an in-place
 form that writes every pass into one ``out=`` buffer, the same multiplying by the reciprocal of the row sums, row
-sums through BLAS (a matrix-vector product with ones), an online form that makes a single pass over column chunks
-with a running max and rescaled sum, and row-chunked forms that keep a cache-sized block of rows through all three
-passes. CUDA candidates (reference: the three-pass form in CuPy, in float32 for float16 inputs): warp-per-row
+sums through BLAS (a matrix-vector product with ones), a space of online forms that make a single pass over column chunks
+(64..2048 wide) with a running max and rescaled sum, and a space of row-chunked forms that keep a block of rows
+(16 KiB..1 MiB) in cache through all three passes. CUDA candidates (reference: the three-pass form in CuPy, in float32 for float16 inputs): warp-per-row
 (three passes and online single pass) and block-per-row kernels with 128, 256 and 512 threads.
 """
 
@@ -33,12 +33,11 @@ from farm_kernels.cuda import (
     i64,
 )
 from farm_kernels.layout import LAYOUTS, arrange, layout_of, normal
-from farm_kernels.operation import Operation, choice, code_identity, dim
+from farm_kernels.operation import Operation, choice, dim
 
 NAME = "softmax"
 HOST_DTYPES = ("float32", "float64")
 CUDA_DTYPES = ("float16", "float32")
-ONLINE_CHUNK = 512
 
 
 def tolerance(x: Any) -> Tolerance:
@@ -85,14 +84,14 @@ def matvec_sum(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def online(x: np.ndarray) -> np.ndarray:
+def online(x: np.ndarray, *, chunk: int) -> np.ndarray:
     # Single pass over column chunks: a running max and a sum rescaled whenever the max grows, then one
     # normalizing pass. exp(-inf - m) is 0, so the first chunk needs no special case.
     rows, cols = x.shape
     top = np.full((rows, 1), -np.inf, dtype=x.dtype)
     total = np.zeros((rows, 1), dtype=x.dtype)
-    for j in range(0, cols, ONLINE_CHUNK):
-        block = x[:, j : j + ONLINE_CHUNK]
+    for j in range(0, cols, chunk):
+        block = x[:, j : j + chunk]
         new = np.maximum(top, block.max(axis=1, keepdims=True))
         total *= np.exp(top - new)
         total += np.exp(block - new).sum(axis=1, keepdims=True)
@@ -103,20 +102,16 @@ def online(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def row_chunks(target_bytes: int) -> Callable[[np.ndarray], np.ndarray]:
-    """The three passes over blocks of rows of about ``target_bytes``, so each block stays in cache."""
-
-    def chunks(x: np.ndarray) -> np.ndarray:
-        out = np.empty(x.shape, dtype=x.dtype)
-        step = max(1, target_bytes // (x.shape[1] * x.itemsize))
-        for i in range(0, x.shape[0], step):
-            block, o = x[i : i + step], out[i : i + step]
-            np.subtract(block, block.max(axis=1, keepdims=True), out=o)
-            np.exp(o, out=o)
-            o /= o.sum(axis=1, keepdims=True)
-        return out
-
-    return chunks
+def row_chunks(x: np.ndarray, *, kib: int) -> np.ndarray:
+    """The three passes over blocks of rows of about ``kib`` KiB, so each block stays in cache."""
+    out = np.empty(x.shape, dtype=x.dtype)
+    step = max(1, (kib << 10) // (x.shape[1] * x.itemsize))
+    for i in range(0, x.shape[0], step):
+        block, o = x[i : i + step], out[i : i + step]
+        np.subtract(block, block.max(axis=1, keepdims=True), out=o)
+        np.exp(o, out=o)
+        o /= o.sum(axis=1, keepdims=True)
+    return out
 
 
 def host_tunable() -> TunableSet:
@@ -126,9 +121,8 @@ def host_tunable() -> TunableSet:
     ts.add(inplace, group=0)
     ts.add(inplace_reciprocal, group=0)
     ts.add(matvec_sum, group=0)
-    ts.add(online, group=1, identity=code_identity(chunk=ONLINE_CHUNK))
-    for size in (64 << 10, 256 << 10):
-        ts.add(row_chunks(size), name=f"row_chunks_{size >> 10}k", group=1, identity=code_identity(target_bytes=size))
+    ts.space(group=1, chunk=[64, 128, 256, 512, 1024, 2048])(online)
+    ts.space(group=1, kib=[16, 32, 64, 128, 256, 512, 1024])(row_chunks)
     return ts
 
 

@@ -5,8 +5,8 @@ Spec: ``rows``, ``cols`` (1..65536), ``dtype`` (cpu: float32, float64; cuda: flo
 C-contiguous, and the reference would return a view of the input.
 
 Host candidates (reference ``numpy.ascontiguousarray(a.T)``): ``a.T.copy()``, an assignment into a fresh array,
-tile-by-tile copies with 32, 64 and 128 square tiles, and row-block copies (16 and 64 rows of ``a`` at a time,
-written as columns of the result) that keep the source block in cache. CUDA candidates (reference
+a space of tile-by-tile copies (rows x cols tiles, each of 16..128), and a space of row-block
+copies (4..256 rows of ``a`` at a time, written as columns of the result) that keep the source block in cache. CUDA candidates (reference
 ``cupy.ascontiguousarray(a.T)``): a naive one-thread-per-element kernel and shared-memory tiled kernels (16, 32 and
 64 tiles padded against bank conflicts, and an unpadded 32 tile).
 
@@ -35,7 +35,7 @@ from farm_kernels.cuda import (
     i64,
 )
 from farm_kernels.layout import arrange, layout_of, uniform
-from farm_kernels.operation import Operation, choice, code_identity, dim
+from farm_kernels.operation import Operation, choice, dim
 
 NAME = "transpose"
 LAYOUTS = ("contiguous", "strided")
@@ -65,32 +65,24 @@ def assign_into(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def tiles(size: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Copy ``size`` x ``size`` tiles: each source tile and its destination fit in cache together."""
-
-    def tiled(a: np.ndarray) -> np.ndarray:
-        rows, cols = a.shape
-        out = np.empty((cols, rows), dtype=a.dtype)
-        for i in range(0, rows, size):
-            for j in range(0, cols, size):
-                out[j : j + size, i : i + size] = a[i : i + size, j : j + size].T
-        return out
-
-    return tiled
+def tiles(a: np.ndarray, *, rows: int, cols: int) -> np.ndarray:
+    """Copy ``rows`` x ``cols`` tiles of ``a``: each source tile and its destination fit in cache together."""
+    height, width = a.shape
+    out = np.empty((width, height), dtype=a.dtype)
+    for i in range(0, height, rows):
+        for j in range(0, width, cols):
+            out[j : j + cols, i : i + rows] = a[i : i + rows, j : j + cols].T
+    return out
 
 
-def row_blocks(height: int) -> Callable[[np.ndarray], np.ndarray]:
+def row_blocks(a: np.ndarray, *, height: int) -> np.ndarray:
     """Copy ``height`` rows of ``a`` at a time into ``height`` columns of the result: the block of source rows
     stays in cache while the copy walks the destination's rows."""
-
-    def blocks(a: np.ndarray) -> np.ndarray:
-        rows, cols = a.shape
-        out = np.empty((cols, rows), dtype=a.dtype)
-        for i in range(0, rows, height):
-            out[:, i : i + height] = a[i : i + height].T
-        return out
-
-    return blocks
+    rows, cols = a.shape
+    out = np.empty((cols, rows), dtype=a.dtype)
+    for i in range(0, rows, height):
+        out[:, i : i + height] = a[i : i + height].T
+    return out
 
 
 def host_tunable() -> TunableSet:
@@ -99,10 +91,10 @@ def host_tunable() -> TunableSet:
     ts.add(ascontiguous_transpose, reference=True)
     ts.add(copy_transposed, group=0)
     ts.add(assign_into, group=0)
-    ts.add(row_blocks(16), name="row_blocks_16", group=0, identity=code_identity(height=16))
-    for size in (32, 64, 128):
-        ts.add(tiles(size), name=f"tiles_{size}", group=1, identity=code_identity(size=size))
-    ts.add(row_blocks(64), name="row_blocks_64", group=1, identity=code_identity(height=64))
+    ts.space(group=0, height=[4, 8, 16, 32, 64, 128, 256])(row_blocks)
+    # Tiles from one cache line of float32 wide to 128 KiB of float64 (128 x 128 x 8), square or not; the set
+    # stays within the default max_candidates (32) the farm's planner applies to every config it lists.
+    ts.space(group=1, rows=[16, 32, 64, 128], cols=[16, 32, 64, 128])(tiles)
     return ts
 
 

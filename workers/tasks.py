@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ from farm.errors import (
 )
 from farm.identity import Candidate, cache_key
 from farm.policy import StackPolicy, Tolerance
+from farm.roster import Roster
 from farm.runtimes.base import ComputeClient
 from farm.search import search
 from farm.trials import Validation
@@ -218,7 +219,7 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     inputs = operation.build(task.spec, client)
     problem, candidates, order = stack_request(operation.name, client.device_kind, client, tunable, inputs)
     key = cache_key(problem, candidates, 0, policy)
-    names = [c.name for c in candidates]
+    names = [c.name for c in candidates] if not isinstance(candidates, Roster) else list(candidates.names)
     positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
 
@@ -241,13 +242,18 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     )
 
 
-def _positions(task: GroupTask, candidates: list[Candidate]) -> list[int]:
-    """The task's candidates as positions in this worker's candidate list; ValueError for a name this worker's
-    operation lacks or a revision it does not have (mixed builds)."""
-    where = {c.name: i for i, c in enumerate(candidates)}
+def _positions(task: GroupTask, candidates: Sequence[Candidate]) -> list[int]:
+    """The task's candidates as positions in this worker's candidate list (a space config by its canonical
+    name); ValueError for a name this worker's operation lacks or a revision it does not have (mixed builds)."""
+    find: Callable[[str], int | None]
+    if isinstance(candidates, Roster):
+        find = candidates.position
+    else:
+        where = {c.name: i for i, c in enumerate(candidates)}
+        find = where.get
     positions = []
     for name, revision in task.candidates:
-        index = where.get(name)
+        index = find(name)
         if index is None:
             raise ValueError(f"task names candidate {name!r}, which {task.operation} on this worker does not have")
         if candidates[index].revision != revision:

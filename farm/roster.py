@@ -1,0 +1,138 @@
+"""The candidate list of a tunable set with spaces: a lazy sequence, never materialized.
+
+Positions are the controller's candidate indices: the reference first, then each priority group in order (its
+plain candidates, then its spaces, each space's configs by rank). A space's position range holds every config of
+its cross product; an infeasible config (a restriction fails) is an ineligible candidate no strategy proposes.
+``roster[p]`` builds one :class:`Candidate` on demand; :attr:`key_entries` is what a cache key lists (a plain
+candidate each, one descriptor per space); :meth:`position` resolves a canonical name back to its position.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from farm.identity import Candidate
+from farm.space import Config, Space
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of positions: one plain candidate (``space`` None, ``index`` its set index), or a space's configs
+    (``index`` the set index of its rank 0)."""
+
+    start: int
+    size: int
+    index: int
+    space: Space | None = None
+
+
+class Roster(Sequence[Candidate]):
+    """A lazy candidate list; see the module docstring. Built by ``TunableSet.roster()``."""
+
+    def __init__(self, segments: Sequence[Segment], plain: Callable[[int], Any], identity: str) -> None:
+        self.segments = tuple(segments)
+        self._starts = [s.start for s in self.segments]
+        self._plain = plain  # set index -> farm.tunable.Implementation
+        self._identity = identity
+        self._length = sum(s.size for s in self.segments)
+        self.key_entries: tuple[Candidate, ...] = tuple(
+            s.space.entry() if s.space is not None else plain(s.index).candidate() for s in self.segments
+        )
+        self.names: Sequence[str] = _View(self, lambda p: self[p].name)
+        self.indices: Sequence[int] = _View(self, self._index)  # position -> the set's implementation index
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __hash__(self) -> int:
+        return hash((self._identity, self.key_entries))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Roster) and (self._identity, self.key_entries) == (other._identity, other.key_entries)
+
+    @overload
+    def __getitem__(self, position: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, position: int | slice) -> Candidate | Sequence[Candidate]:
+        if isinstance(position, slice):
+            return [self[i] for i in range(*position.indices(len(self)))]
+        segment, offset = self.locate(position)
+        if segment.space is None:
+            candidate: Candidate = self._plain(segment.index).candidate()
+            return candidate
+        space = segment.space
+        config = space.config(offset)
+        return Candidate(space.config_name(config), space.revision, space.workspace_bytes,
+                         space.eligible and space.feasible(config))
+
+    def locate(self, position: int) -> tuple[Segment, int]:
+        """The segment holding ``position`` and the offset in it (a space's rank); IndexError outside."""
+        if position < 0:
+            position += self._length
+        if not 0 <= position < self._length:
+            raise IndexError(f"candidate position {position} is outside the {self._length} candidates")
+        segment = self.segments[bisect.bisect_right(self._starts, position) - 1]
+        return segment, position - segment.start
+
+    def _index(self, position: int) -> int:
+        segment, offset = self.locate(position)
+        return segment.index + offset  # a space config's index is its rank's
+
+    def config(self, position: int) -> Config | None:
+        """The space config at ``position``, or None for a plain candidate."""
+        segment, offset = self.locate(position)
+        return None if segment.space is None else segment.space.config(offset)
+
+    def position(self, name: str) -> int | None:
+        """The position of the candidate called ``name`` (a plain name or a config's canonical name), or None."""
+        for segment in self.segments:
+            if segment.space is None:
+                if self._plain(segment.index).name == name:
+                    return segment.start
+                continue
+            config = segment.space.parse(name)
+            if config is not None:
+                return segment.start + segment.space.rank(config)
+        return None
+
+    def spaces(self) -> Iterator[Segment]:
+        """The segments that are spaces, in position order."""
+        return (s for s in self.segments if s.space is not None)
+
+    @property
+    def plain_positions(self) -> list[int]:
+        """The positions of the plain candidates, the reference (0) first."""
+        return [s.start for s in self.segments if s.space is None]
+
+    @property
+    def has_spaces(self) -> bool:
+        return any(s.space is not None for s in self.segments)
+
+
+class _View(Sequence[T]):
+    """One property of every roster position (its name, its set index), built on demand."""
+
+    def __init__(self, roster: Roster, of: Callable[[int], T]) -> None:
+        self._roster, self._of = roster, of
+
+    def __len__(self) -> int:
+        return len(self._roster)
+
+    @overload
+    def __getitem__(self, position: int) -> T: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[T]: ...
+
+    def __getitem__(self, position: int | slice) -> T | Sequence[T]:
+        if isinstance(position, slice):
+            return [self._of(i) for i in range(*position.indices(len(self)))]
+        return self._of(position)

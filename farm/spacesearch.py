@@ -1,0 +1,216 @@
+"""The in-process search of a tunable set with spaces: plain candidates as always, then a strategy's configs.
+
+Every config a strategy proposes goes through the same trial protocol as a plain candidate (validated against
+the reference first, then full paired timings): a wrong output or an error is a verdict, never a winner, and
+only a decided win clearing ``min_speedup`` beats the reference. The budget bounds the whole search.
+
+**Incremental spaces.** After a search that covered its spaces completely, a *family record* remembers which
+parameter values it covered (``family_key``: the cache key with each space's value lists left out). When a space
+grows, the next search finds that record, evaluates the stored winner again (a full verdict, against the same
+reference timings as the new configs) and only the configs the old space lacked; the plain candidates, already
+judged, are not tried again. The decision's ``covered`` names the configs it covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from farm.decisions import TuneReport
+from farm.identity import CacheKey, Candidate, Problem
+from farm.policy import StackPolicy
+from farm.roster import Roster
+from farm.scoring import judge
+from farm.search import admit, budget_note, search
+from farm.space import Space, format_value
+from farm.stores.base import DecisionRecord
+from farm.strategies import make_strategy, space_size
+from farm.trials import (
+    CandidateReport,
+    Outcome,
+    TrialVerdict,
+    candidate_trials,
+    pre_trial_skip,
+    reference_trials,
+)
+
+# Configs proposed per ask: the in-process search is serial, the batch only sizes the strategy's rounds.
+ROUND = 8
+
+Covered = dict[str, dict[str, list[Any]]]
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What a family record says: the configs an earlier complete search covered, and its winner's name."""
+
+    covered: Covered
+    winner: str
+
+
+@dataclass(frozen=True)
+class Explored:
+    """A spaced search: the reference's timings, an Outcome per candidate and config tried or refused, whether
+    it stopped early, how many configs it evaluated, and the configs the decision covers (None: not all)."""
+
+    reference_times: tuple[float, ...]
+    outcomes: tuple[Outcome, ...]
+    budget_exhausted: bool
+    evaluated: int
+    space_size: int
+    covered: Covered | None
+    incremental: bool
+
+
+def family_key(problem: Problem, roster: Roster, reference: int, policy: StackPolicy) -> str:
+    """The key of a roster's family record: its cache key with each space named by its family, not its values."""
+    entries = tuple(
+        Candidate(f"{s.space.name}[*]", hashlib.sha256(s.space.family().encode()).hexdigest()[:32])
+        if s.space is not None else entry
+        for s, entry in zip(roster.segments, roster.key_entries, strict=True)
+    )
+    return CacheKey.of(problem, entries, reference, policy).encode()
+
+
+def covered_by(roster: Roster) -> Covered:
+    """Every space's value lists (what a complete search of the roster covers)."""
+    return {s.space.name: {p: list(v) for p, v in s.space.params} for s in roster.spaces() if s.space is not None}
+
+
+def prior_of(meta: Mapping[str, Any]) -> Prior | None:
+    """The Prior a family record's meta holds, or None for a malformed one (then the search is not incremental)."""
+    covered, winner = meta.get("covered"), meta.get("winner")
+    if not isinstance(covered, dict) or not isinstance(winner, str):
+        return None
+    return Prior(covered, winner)
+
+
+def _was_covered(space: Space, config: Mapping[str, Any], covered: Covered) -> bool:
+    lists = covered.get(space.name)
+    if lists is None:
+        return False
+    return all(format_value(v) in {format_value(x) for x in lists.get(p, [])} for p, v in config.items())
+
+
+def explore(
+    runner: Any, policy: StackPolicy, reference: int, roster: Roster, banned: Collection[str], prior: Prior | None
+) -> Explored:
+    """Time the reference, try the admitted plain candidates (all of them, or only a prior's winner), then the
+    strategy's configs, within the policy's budget. Raises what :func:`farm.search.search` raises."""
+    names = roster.names
+    plain, refused = admit(roster, reference, policy, order=roster.plain_positions, banned=banned)
+    first = plain  # a grown space's search re-judges only the stored winner among what it covered
+    if prior is not None:
+        winner = roster.position(prior.winner)
+        first, refused = ([winner] if winner is not None and winner != reference else []), []
+
+    def exclude(position: int) -> bool:
+        if prior is None:
+            return False
+        segment, rank = roster.locate(position)
+        return segment.space is not None and _was_covered(segment.space, segment.space.config(rank), prior.covered)
+
+    strategy = make_strategy(roster, policy, exclude)  # before any trial: a missing Optuna fails at once
+    started = time.monotonic()
+    deadline = started + policy.budget
+    reference_times = reference_trials(runner, policy, reference, names[reference])
+    outcomes: list[Outcome] = list(refused)
+    exhausted = False
+    evaluated = 0
+
+    def attempt(position: int, proposed: bool = True) -> float | None:
+        nonlocal exhausted, evaluated
+        cand = roster[position]
+        note = pre_trial_skip(cand, policy, cand.name in banned)
+        if note is not None:
+            outcomes.append(Outcome(position, cand.name, verdict=TrialVerdict.SKIPPED, note=note, revision=cand.revision))
+            return None
+        if exhausted or time.monotonic() > deadline:
+            exhausted = True
+            outcomes.append(Outcome(position, cand.name, verdict=TrialVerdict.NOT_TRIED, note=budget_note(policy.budget),
+                                    revision=cand.revision, budget_exhausted=True))
+            return None
+        outcome = candidate_trials(runner, policy, reference, position, names, deadline)
+        evaluated += proposed
+        exhausted = exhausted or outcome.budget_exhausted
+        outcomes.append(dataclasses.replace(outcome, revision=cand.revision))
+        if outcome.failure is not None:
+            return None
+        return judge(outcome.pairs, policy).ratio
+
+    for position in first:
+        attempt(position, proposed=False)
+    while not exhausted:
+        asked = strategy.ask(ROUND)
+        if not asked:
+            break
+        strategy.tell([(p, attempt(p)) for p in asked])
+    stopped_by_limit = policy.max_configs is not None and evaluated >= policy.max_configs
+    complete = not exhausted and not stopped_by_limit and policy.strategy == "exhaustive"
+    if stopped_by_limit and policy.strategy == "exhaustive":
+        exhausted = True  # SEMANTICS: the search stopped before trying every eligible candidate
+    return Explored(tuple(reference_times), tuple(outcomes), exhausted or any(o.budget_exhausted for o in refused),
+                    evaluated, space_size(roster), covered_by(roster) if complete else None, prior is not None)
+
+
+
+def space_meta(policy: StackPolicy, spaced: Explored | None, winner: str) -> dict[str, Any]:
+    """What a spaced decision's record carries beyond the decision (none for a set without spaces): the effort
+    (strategy, seed, max_configs, evaluated, space_size), the configs covered, and the winner's name."""
+    if spaced is None:
+        return {}
+    return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
+            "evaluated": spaced.evaluated, "space_size": spaced.space_size, "covered": spaced.covered,
+            "winner": winner, "incremental": spaced.incremental}
+
+
+def decided(
+    key: str, problem: Problem, candidates: Sequence[Candidate], index: int, reference: int, name: str,
+    verified: bool, ratio: float, created: float, policy: StackPolicy, spaced: Explored | None,
+) -> list[DecisionRecord]:
+    """The records a search stores: its decision (with :func:`space_meta`), plus the family record of a search
+    that covered its spaces (what a grown space's next search looks for)."""
+    record = DecisionRecord(key, index, reference, name, verified, ratio, created, space_meta(policy, spaced, name))
+    if spaced is None or spaced.covered is None or not isinstance(candidates, Roster):
+        return [record]
+    return [record, dataclasses.replace(record, cache_key=family_key(problem, candidates, reference, policy))]
+
+
+def search_report(problem: Problem, winner: str, elapsed: float, budget_exhausted: bool,
+                  candidates: tuple[CandidateReport, ...], policy: StackPolicy, spaced: Explored | None) -> TuneReport:
+    """A search's report, with its space figures when it searched spaces."""
+    report = TuneReport(problem.operation, problem.environment, problem.workload, problem.execution_context, winner,
+                        elapsed, budget_exhausted, candidates)
+    if spaced is None:
+        return report
+    return dataclasses.replace(report, evaluated=spaced.evaluated, space_size=spaced.space_size,
+                               strategy=policy.strategy, seed=policy.seed, max_configs=policy.max_configs,
+                               covered=spaced.covered, incremental=spaced.incremental)
+
+
+def searched(
+    runner: Any, policy: StackPolicy, reference: int, candidates: Sequence[Candidate], banned: Collection[str],
+    problem: Problem, stored: Callable[[str, bool], DecisionRecord | None],
+) -> tuple[list[Outcome], tuple[float, ...], bool, Explored | None]:
+    """A miss's search: a plain list through :func:`farm.search.search` (Outcomes of refused candidates
+    included), a roster with spaces through :func:`explore`, incremental when ``stored(family key, persistent)``
+    finds a fresh family record. Returns the outcomes in position order, the reference's timings, whether the
+    search stopped early, and the spaced search (None for a plain list)."""
+    spaced = None
+    if isinstance(candidates, Roster) and candidates.has_spaces:
+        family = stored(family_key(problem, candidates, reference, policy), problem.persistent)
+        fresh = family is not None and family.is_fresh(time.time(), policy.ttl)
+        spaced = explore(runner, policy, reference, candidates, banned,
+                         prior_of(family.meta) if family is not None and fresh else None)
+        outcomes, times = spaced.outcomes, spaced.reference_times
+    else:
+        admitted, refused = admit(candidates, reference, policy, banned=banned)
+        found = search(runner, policy, reference, candidates, admitted, banned=banned)
+        outcomes, times = (*found.outcomes, *refused), found.reference_times
+    ordered = sorted(outcomes, key=lambda o: o.index)
+    exhausted = any(o.budget_exhausted for o in ordered) or (spaced is not None and spaced.budget_exhausted)
+    return ordered, times, exhausted, spaced

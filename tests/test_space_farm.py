@@ -1,0 +1,58 @@
+"""A space on the embedded farm: `farm tune` plans every feasible config (exhaustive), the task function
+resolves each by its canonical name and calls ``fn(*inputs, **config)``, and the runtime reuses the decision."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+from farm_helpers import write_catalog
+from servers import farm_env
+
+import farm
+from farm.adapter import RuntimeTrials, prepare
+from farm.stores.base import DecisionRecord
+from farm.stores.local import LocalStore
+from farm_coordinator.catalog import load_catalog
+
+CATALOG = """
+[[problems]]
+operation = "farmtest_space"
+workloads = [{ n = 3000, dtype = "float64" }]
+"""
+
+
+def test_the_embedded_farm_tunes_every_config_of_a_space_and_the_runtime_reuses_its_winner(tmp_path) -> None:
+    catalog = write_catalog(tmp_path / "c.toml", CATALOG, policy="samples = 5\nwarmups = 1\nbudget = 30.0\n"
+                            "max_relative_mad = 1.0\nstrategy = \"exhaustive\"\n")
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--cache-dir", str(tmp_path / "cache"),
+                           "--kernels", "farm_spaceops"], capture_output=True, text=True, env=farm_env(), cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "1 decisions published" in done.stdout or "1 decision published" in done.stdout, done.stdout
+    assert "farmtest_space n=3000 float64: evaluated 7 of 8 configs (exhaustive)" in done.stdout, done.stdout
+
+    records = [DecisionRecord.from_json(text) for batch in LocalStore(tmp_path / "cache").scan() for text, _, _ in batch]
+    assert len(records) == 1
+    record = records[0]
+    tried = {c["name"]: c["note"] for c in record.meta["candidates"]}
+    feasible = {f"chunked[chunk={c},twice={t}]" for c in (7, 256, 1024, 4096) for t in (False, True)} - {
+        "chunked[chunk=7,twice=True]"}
+    assert set(tried) == feasible
+    assert tried["chunked[chunk=7,twice=False]"].startswith("rejected: wrong output")
+    assert record.name in feasible - {"chunked[chunk=7,twice=False]"}
+
+    from farm_kernels import registry
+
+    registry.ensure_loaded(("farm_spaceops",))
+    op = registry.get("farmtest_space")
+    policy = load_catalog(catalog, ("farm_spaceops",)).policy
+    tuner = farm.StackTuner(policy, cache_directory=tmp_path / "cache")
+    client = farm.HostClient(0)
+    inputs = op.build({"n": 3000, "dtype": "float64"}, client)
+    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
+    decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, policy.timing))
+    assert (decision.source, decision.name) == (farm.DecisionSource.DISK_CACHE, record.name)
+    np.testing.assert_allclose(prepared.fns[decision.index](*inputs), inputs[0] * 2.0)
+    assert tuner.stats().tunes == 0
