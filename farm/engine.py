@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from farm.borrowing import Borrowing, mark_served
 from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
@@ -49,9 +50,11 @@ class Request(NamedTuple):
     reference: int
     key: str
     lane: str
+    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False))
 
 
-_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
+_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE,
+                   DecisionSource.NEAREST)
 
 
 class StackTuner:
@@ -84,7 +87,7 @@ class StackTuner:
         self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._write_through = fleet_write_through
-        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
+        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str, bool], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()
         self._validation_unavailable: set[str] = set()
@@ -94,6 +97,7 @@ class StackTuner:
         self._windows: OrderedDict[str, deque[float]] = OrderedDict()
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
+        self._borrowing = Borrowing(policy.capacity)  # misses served by a nearest decision (farm.borrowing)
         # Fleet feedback (farm.feedback.FleetReporter): called on a fleet miss and a regression, never on a hit.
         self.feedback: Callable[[str, str, Problem | None, tuple[float, ...]], None] | None = None
 
@@ -104,17 +108,19 @@ class StackTuner:
     # -- requests -----------------------------------------------------------------------------------------------
 
     def request(
-        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
+        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None,
+        nearest: bool = True,
     ) -> Request:
-        """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
+        """Validate a selection request and compute its cache key, memoized (bounded) per distinct request.
+        ``nearest=False``: a miss never borrows another workload's decision (farm.borrowing)."""
         cands = tuple(candidates)
-        memo = (problem, cands, reference, device or "")
+        memo = (problem, cands, reference, device or "", nearest)
         with self._lock:
             found = self._requests.get(memo)
         if found is not None:
             return found
         key = cache_key(problem, cands, reference, self._policy)
-        built = Request(problem, cands, reference, key, device or problem.environment)
+        built = Request(problem, cands, reference, key, device or problem.environment, nearest)
         with self._lock:
             self._requests[memo] = built
             if len(self._requests) > 4096:
@@ -155,6 +161,8 @@ class StackTuner:
                     self._counters["memory_hits"] += 1
                     return self._hits[key]
                 self._forget(key)
+            if (borrowed := self._borrowing.held(key)) is not None:
+                return borrowed
             if key in self._validation_unavailable:
                 return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
             if is_tuning():
@@ -216,11 +224,12 @@ class StackTuner:
                 if decision is not None:
                     return decision
         self._count("misses")
-        if self._policy.mode is Mode.CACHE_ONLY:
-            decision = self._reference(req, DecisionSource.CACHE_MISS)
-        else:
-            decision = self._explore(req, runner)
+        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self._tier)
+        if decision is None:
+            cache_only = self._policy.mode is Mode.CACHE_ONLY
+            decision = self._reference(req, DecisionSource.CACHE_MISS) if cache_only else self._explore(req, runner)
         if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it
+            mark_served(self.feedback, decision)
             ratios = (decision.ratio,) if decision.source is DecisionSource.TUNED else ()
             self._feedback("miss", req.key, req.problem, ratios)
         return decision
@@ -340,6 +349,7 @@ class StackTuner:
         again in this process (the reference is never banned)."""
         with self._lock:
             self._forget(decision.cache_key)
+            self._borrowing.forget(decision.cache_key)
             self._windows.pop(decision.cache_key, None)
             if ban_candidate and decision.index != decision.reference_index:
                 self._banned.add((decision.cache_key, decision.name))
@@ -383,7 +393,7 @@ class StackTuner:
 
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(**self._counters)
+            return Stats(**{**self._counters, **self._borrowing.counts()})
 
     def reports(self) -> list[TuneReport]:
         with self._lock:

@@ -139,6 +139,11 @@ class StackPolicy:
     confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
     reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
     verdict means (docs/decisions.md).
+
+    ``nearest`` lets a miss (EXPLORE or CACHE_ONLY) borrow the stored decision of the nearest workload of the same
+    family within ``max_distance`` (log2 per dimension: 3.0 is a factor of 8 in each), validated once on the live
+    workload before use (farm.nearest, farm.borrowing). Neither is in the accuracy key: a borrowed decision is
+    never stored.
     """
 
     mode: Mode = Mode.EXPLORE
@@ -160,6 +165,8 @@ class StackPolicy:
     regression_ratio: float = 1.15
     max_disturbed: float = 0.5
     require_confirmation: bool = False
+    nearest: bool = True
+    max_distance: float = 3.0
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -212,6 +219,9 @@ class StackPolicy:
         real("max_disturbed", 0.0)
         if self.max_disturbed > 1.0:
             raise bad("max_disturbed", "must be a fraction in 0..1")
+        if not isinstance(self.nearest, bool):
+            raise bad("nearest", "must be a bool")
+        real("max_distance", 0.0)
         return self
 
     @property

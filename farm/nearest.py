@@ -1,0 +1,263 @@
+"""Nearest decisions: the workload family of a cache key, the distance between two workloads of one family, and
+the in-memory family index (the archives' tier builds one at load).
+
+A decision is exact: its key holds the workload's exact dtype, shapes and strides. A miss may still borrow the
+decision of a NEAR workload (``farm.borrowing``), one that differs from it only in dimension values. The **workload
+family** of a key is the key with the workload's dimension values taken out: the same key version, scope,
+operation, fingerprint, execution context, reference, candidate manifest and accuracy key, and a workload with the
+same arguments in the same order, each array with the same array module, dtype, rank and layout, each scalar
+parameter with the same type and value. Its **dimensions** are the shape values of every array argument, in order.
+
+Layout: an array is ``C`` when its strides are those of a C-contiguous array of its shape, ``F`` when they are a
+Fortran-ordered one's (strides of dimensions of size 0 or 1 are ignored, as NumPy does); any other layout keeps
+its literal strides in the family, so only arrays with exactly those strides are near.
+
+Workloads are read in :func:`farm.arrays.array_signature`'s form (every built-in operation's); a workload of any
+other form has no family: it is never near another, and a miss for it goes on as before.
+
+**Distance** (log-scale, per dimension): ``distance(a, b) = max_i |log2 a_i - log2 b_i|``; a zero dimension is
+near only another zero (any other is infinitely far). A distance of 3 means "within a factor of 8 in every
+dimension" (``StackPolicy.max_distance``, default 3.0). Among the stored workloads of a family within
+``max_distance``, the nearest is the one with the smallest distance, then the smallest sum of per-dimension
+distances, then the smaller cache key text (deterministic).
+
+Index lookups are range scans on the first dimension's ``lead`` (``log2`` of it; -1 for a zero) within
+``max_distance`` of the query's: an index answers without reading the other workloads of the family.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from farm.encoding import fields, split_fields
+from farm.identity import CacheKey
+
+if TYPE_CHECKING:  # the stores import this module
+    from farm.stores.base import DecisionRecord
+
+__all__ = [
+    "DEFAULT_MAX_DISTANCE", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",
+    "hit", "lead", "nearest_first", "parse_workload", "query_of", "rank",
+]
+
+DEFAULT_MAX_DISTANCE = 3.0  # log2(8): within a factor of 8 in every dimension
+_KEY_PARTS = tuple(CacheKey.__dataclass_fields__)  # nine parts; the encoded order puts the version first
+_WORKLOAD, _ENVIRONMENT = 4, 3
+SLACK = 1e-9  # log2 rounding: 3 and 24 are exactly a factor of 8 apart
+_ARRAY = re.compile(r"(numpy|cupy):([^()]+)\(([0-9, ]*)\)s\((.*)\)")
+
+
+class Workload(NamedTuple):
+    """A workload split into its family text (dimension values taken out) and its dimensions."""
+
+    family: str
+    dims: tuple[int, ...]
+
+
+def _layout(shape: tuple[int, ...], strides: str) -> str:
+    try:
+        values = tuple(int(s) for s in strides.replace(" ", "").split(",") if s)
+    except ValueError:
+        return f"s({strides})"  # strides in bytes (not whole elements): literal
+    if len(values) != len(shape):
+        return f"s({strides})"
+    if _contiguous(shape, values, reversed(range(len(shape)))):
+        return "C"
+    if _contiguous(shape, values, range(len(shape))):
+        return "F"
+    return f"s({strides})"
+
+
+def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], order: Iterable[int]) -> bool:
+    step = 1
+    for i in order:
+        if shape[i] > 1 and strides[i] != step:
+            return False
+        step *= shape[i]
+    return True
+
+
+def parse_workload(workload: str) -> Workload | None:
+    """The family text and dimensions of an :func:`~farm.arrays.array_signature` workload; None for a workload
+    of another form or one without any array dimension (it has no neighbours)."""
+    parts: list[str] = []
+    dims: list[int] = []
+    for segment in workload.split(";"):
+        m = _ARRAY.fullmatch(segment)
+        if m is None:
+            if segment.startswith(("numpy:", "cupy:")) or "=" not in segment:
+                return None  # an array segment not in the expected form, or not a signature at all
+            parts.append(segment)  # a scalar parameter: exact
+            continue
+        module, dtype, shape_text, strides = m.groups()
+        try:
+            shape = tuple(int(s) for s in shape_text.replace(" ", "").split(",") if s)
+        except ValueError:
+            return None
+        parts.append(f"{module}:{dtype}[{len(shape)}]{_layout(shape, strides)}")
+        dims.extend(shape)
+    if not dims:
+        return None
+    return Workload(";".join(parts), tuple(dims))
+
+
+def distance(a: Sequence[int], b: Sequence[int]) -> float:
+    """The log-scale distance of two workloads' dimensions: the largest ``|log2 a_i - log2 b_i|``; infinite for
+    different ranks or a zero dimension against a non-zero one."""
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        worst = max(worst, _gap(x, y))
+    return worst
+
+
+def _gap(x: int, y: int) -> float:
+    if x == y:
+        return 0.0
+    if x <= 0 or y <= 0:
+        return math.inf
+    return abs(math.log2(x) - math.log2(y))
+
+
+def rank(a: Sequence[int], b: Sequence[int]) -> tuple[float, float]:
+    """The order neighbours are picked in: (distance, sum of per-dimension distances)."""
+    gaps = [_gap(x, y) for x, y in zip(a, b, strict=True)] if len(a) == len(b) else [math.inf]
+    return (max(gaps, default=0.0), sum(gaps))
+
+
+def lead(dims: Sequence[int]) -> float:
+    """The indexed coordinate of a workload: log2 of its first dimension (-1 for a zero)."""
+    return math.log2(dims[0]) if dims[0] > 0 else -1.0
+
+
+@dataclass(frozen=True)
+class NearestQuery:
+    """What a tier is asked: the family (``digest``, sha256 hex of its text), the workload's dimensions and its
+    own cache key (never an answer: that one missed)."""
+
+    digest: str
+    dims: tuple[int, ...]
+    cache_key: str
+    environment: str = ""
+
+    @property
+    def lead(self) -> float:
+        return lead(self.dims)
+
+    def window(self, max_distance: float) -> tuple[float, float]:
+        """The range of ``lead`` values a neighbour within ``max_distance`` can have."""
+        here = self.lead
+        reach = max_distance + SLACK
+        return (here - reach, here + reach) if here >= 0 else (-1.0, -1.0)
+
+
+class Family(NamedTuple):
+    """A cache key's family: its digest, the key's dimensions, workload and environment."""
+
+    digest: str
+    dims: tuple[int, ...]
+    workload: str
+    environment: str
+
+
+def family_of(cache_key: str) -> Family | None:
+    """The family of an encoded cache key; None when its workload has no family or the key cannot be read.
+    The key's nine parts are read by position here, on the publication path, instead of through
+    :meth:`CacheKey.decode` (whose canonical-form check doubles the cost): part 4 is the workload, 3 the
+    environment (the order :meth:`CacheKey.encode` writes)."""
+    try:
+        parts = split_fields(cache_key)
+    except ValueError:
+        return None
+    if len(parts) != len(_KEY_PARTS):
+        return None
+    workload = parts[_WORKLOAD]
+    parsed = parse_workload(workload)
+    if parsed is None:
+        return None
+    parts[_WORKLOAD] = parsed.family
+    digest = hashlib.sha256(b"family:" + fields(parts).encode()).hexdigest()
+    return Family(digest, parsed.dims, workload, parts[_ENVIRONMENT])
+
+
+def query_of(cache_key: str) -> NearestQuery | None:
+    """The nearest-decision query of a missed key; None when its workload has no family."""
+    found = family_of(cache_key)
+    if found is None:
+        return None
+    return NearestQuery(found.digest, found.dims, cache_key, found.environment)
+
+
+@dataclass(frozen=True)
+class NearestHit:
+    """A tier's answer: a stored record of the family, its workload, and its distance from the query.
+    ``order`` sorts answers of several tiers: (distance, sum of per-dimension distances, cache key)."""
+
+    record: DecisionRecord
+    workload: str
+    order: tuple[float, float, str]
+
+    @property
+    def distance(self) -> float:
+        return self.order[0]
+
+
+def hit(record: DecisionRecord, query: NearestQuery, max_distance: float) -> NearestHit | None:
+    """The answer a tier gives for a stored record it found through its index: None unless the record's own key
+    is of the query's family, another workload, within ``max_distance`` (an index is only a pointer: the record
+    is what is checked)."""
+    found = family_of(record.cache_key)
+    if found is None or found.digest != query.digest or found.dims == query.dims:
+        return None
+    order = rank(query.dims, found.dims)
+    if order[0] > max_distance + SLACK:
+        return None
+    return NearestHit(record, found.workload, (order[0], order[1], record.cache_key))
+
+
+def nearest_first(hits: Iterable[NearestHit | None]) -> list[NearestHit]:
+    """The answers, nearest first."""
+    return sorted((h for h in hits if h is not None), key=lambda h: h.order)
+
+
+@dataclass
+class FamilyIndex:
+    """An in-memory index: family digest -> entries sorted by ``lead``. An entry is (lead, dims, ref) where ref is
+    whatever the owner looks a record up by (an archive's row)."""
+
+    families: dict[str, list[tuple[float, tuple[int, ...], int]]] = field(default_factory=dict)
+    _unsorted: set[str] = field(default_factory=set)
+
+    def add(self, digest: str, dims: tuple[int, ...], ref: int) -> None:
+        self.families.setdefault(digest, []).append((lead(dims), dims, ref))
+        self._unsorted.add(digest)  # sorted on its next lookup: building costs one sort per family
+
+    def near(self, query: NearestQuery, max_distance: float) -> list[tuple[tuple[float, float], int]]:
+        """The refs within ``max_distance`` of the query, nearest first, with their rank."""
+        entries = self.families.get(query.digest)
+        if not entries:
+            return []
+        if query.digest in self._unsorted:
+            entries.sort()
+            self._unsorted.discard(query.digest)
+        low, high = query.window(max_distance)
+        at = bisect.bisect_left(entries, (low,))
+        found = []
+        while at < len(entries) and entries[at][0] <= high:
+            _, dims, ref = entries[at]
+            order = rank(query.dims, dims)
+            if order[0] <= max_distance + SLACK and dims != query.dims:
+                found.append((order, ref))
+            at += 1
+        found.sort()
+        return found
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.families.values())

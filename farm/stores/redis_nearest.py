@@ -1,0 +1,74 @@
+"""The Redis tier's nearest-decision index (``farm.nearest``): one sorted set per workload family.
+
+``<prefix>:nearest:<fingerprint digest>:<family digest>`` holds a member ``<dims JSON>|<field>`` per decision of
+the family (``field``: the decision's hash field, sha256 of its cache key), scored by the workload's ``lead``. It
+is written in the publication's own MULTI/EXEC (``RedisDecisions.publish_many``; an archive import's transaction,
+``farm.stores.redis_batch``), so a reader sees a decision and its index entry together. An entry depends on the
+cache key alone, never on which record the replacement rule kept, so writing it again is harmless.
+
+A lookup is two round trips: ZRANGEBYSCORE of the family's set within ``max_distance`` of the query's lead, then
+one HMGET of the nearest few records. An entry whose record is gone (deleted) is skipped.
+
+Decisions published before the index existed are not in it: run ``RedisDecisions.index_nearest`` (one HSCAN of
+each fingerprint's hash) once to add them; every publication after that maintains it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from farm.environment import fingerprint_digest
+from farm.errors import CorruptRecord
+from farm.nearest import SLACK, NearestHit, NearestQuery, family_of, hit, lead, nearest_first, rank
+from farm.stores.base import DecisionRecord, key_sha256
+
+LIMIT = 4  # records one lookup reads: the nearest few (a nearer one may be stale, unverified or banned)
+
+
+def index_key(prefix_key: Any, fingerprint: str, family: str) -> str:
+    """The sorted set of a family (``prefix_key``: the layout's ``key`` method)."""
+    return str(prefix_key("nearest", fingerprint, family))
+
+
+def index_commands(prefix_key: Any, entries: Iterable[tuple[str, str]]) -> list[list[bytes]]:
+    """The ZADD commands (arguments) indexing decisions given as (cache key, fingerprint digest): one per
+    family."""
+    families: dict[str, list[bytes]] = {}
+    for cache_key, digest in entries:
+        found = family_of(cache_key)
+        if found is None:
+            continue
+        member = f"{json.dumps(list(found.dims), separators=(',', ':'))}|{key_sha256(cache_key)}"
+        families.setdefault(index_key(prefix_key, digest, found.digest), []).extend(
+            (repr(lead(found.dims)).encode(), member.encode()))
+    return [[b"ZADD", key.encode(), *pairs] for key, pairs in families.items()]
+
+
+def lookup(client: Any, layout: Any, query: NearestQuery, max_distance: float) -> list[NearestHit]:
+    """The family's nearest stored decisions within ``max_distance``, nearest first (two round trips)."""
+    digest = fingerprint_digest(query.environment)
+    low, high = query.window(max_distance)
+    members = client.zrangebyscore(index_key(layout.key, digest, query.digest), low, high)
+    ranked = []
+    for member in members:
+        dims, _, field = str(member).rpartition("|")
+        try:
+            order = rank(query.dims, json.loads(dims))
+        except (ValueError, TypeError):
+            continue
+        if order[0] <= max_distance + SLACK:
+            ranked.append((order, field))
+    fields = [field for _, field in sorted(ranked)][:LIMIT]
+    if not fields:
+        return []
+    hits = []
+    for raw in client.hmget(layout.decisions_key(digest), fields):
+        if raw is None:
+            continue  # deleted since it was indexed
+        try:
+            hits.append(hit(DecisionRecord.from_json(raw), query, max_distance))
+        except CorruptRecord:
+            continue
+    return nearest_first(hits)
