@@ -210,7 +210,9 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
     if found is not None:
         return found
     problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)
-    request = tuner.request(problem, candidates, 0, device=client.device_id, nearest=tunable.nearest)
+    request = tuner.request(problem, candidates, 0, device=client.device_id)
+    if not tunable.nearest:  # the operation refuses borrowed decisions (farm.borrowing)
+        request = request._replace(nearest=False)
     built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
     describe = getattr(tuner.feedback, "describe", None)
     if describe is not None:  # once per workload, off the hit path: what a fleet report says this key is

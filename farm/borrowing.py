@@ -71,11 +71,12 @@ class Borrowing:
         return self._refused.get(key)
 
     def borrow(self, req: Any, runner: TrialRunner, policy: StackPolicy, stores: Sequence[Any],
-               banned: Container[tuple[str, str]], tier: Tier) -> Decision | None:
+               banned: Container[tuple[str, str]], tier: Tier, feedback: Any = None) -> Decision | None:
         """Serve ``req`` (a farm.engine.Request) from the nearest usable decision of ``stores`` (None entries are
         skipped); None when the policy or the request refuses nearest decisions, the problem is not persistent,
         none is near, or the one found failed its validation. A DEVICE failure during the validation propagates.
-        ``banned`` holds the controller's (key, candidate name) bans."""
+        ``banned`` holds the controller's (key, candidate name) bans. A served decision is marked on a fleet
+        reporter ``feedback`` (farm.feedback: the miss it reports next says ``served: nearest``)."""
         if not (policy.nearest and req.nearest and req.problem.persistent) or req.key in self._refused:
             return None
         query = query_of(req.key)
@@ -109,6 +110,9 @@ class Borrowing:
             if len(self._held) > self.capacity:
                 self._held.popitem(last=False)
             self._counts["nearest_hits"] += 1
+        mark = getattr(feedback, "served_nearest", None)
+        if mark is not None:
+            mark(req.key, candidate.workload, candidate.distance)
         return decision
 
 
@@ -136,11 +140,3 @@ def _nearest_usable(req: Any, query: NearestQuery, policy: StackPolicy, stores: 
         if usable:
             return candidate
     return None
-
-
-def mark_served(feedback: Any, decision: Decision) -> None:
-    """Tell a fleet reporter (farm.feedback) that the miss it is about to report was served by a borrowed
-    decision (its report says so: ``served: nearest``)."""
-    mark = getattr(feedback, "served_nearest", None)
-    if mark is not None and isinstance(decision, NearestDecision):
-        mark(decision.cache_key, decision.origin, decision.distance)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from farm.borrowing import Borrowing, mark_served
+from farm.borrowing import Borrowing
 from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
@@ -50,11 +50,10 @@ class Request(NamedTuple):
     reference: int
     key: str
     lane: str
-    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False))
+    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False), farm.borrowing)
 
 
-_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE,
-                   DecisionSource.NEAREST)
+_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE, DecisionSource.NEAREST)
 
 
 class StackTuner:
@@ -87,7 +86,7 @@ class StackTuner:
         self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
         self._fleet = tuple(open_fleet_source(f) for f in fleet)
         self._write_through = fleet_write_through
-        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str, bool], Request] = OrderedDict()
+        self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...], int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)
         self._banned: set[tuple[str, str]] = set()
         self._validation_unavailable: set[str] = set()
@@ -108,19 +107,17 @@ class StackTuner:
     # -- requests -----------------------------------------------------------------------------------------------
 
     def request(
-        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None,
-        nearest: bool = True,
+        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
     ) -> Request:
-        """Validate a selection request and compute its cache key, memoized (bounded) per distinct request.
-        ``nearest=False``: a miss never borrows another workload's decision (farm.borrowing)."""
+        """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
         cands = tuple(candidates)
-        memo = (problem, cands, reference, device or "", nearest)
+        memo = (problem, cands, reference, device or "")
         with self._lock:
             found = self._requests.get(memo)
         if found is not None:
             return found
         key = cache_key(problem, cands, reference, self._policy)
-        built = Request(problem, cands, reference, key, device or problem.environment, nearest)
+        built = Request(problem, cands, reference, key, device or problem.environment)
         with self._lock:
             self._requests[memo] = built
             if len(self._requests) > 4096:
@@ -224,14 +221,11 @@ class StackTuner:
                 if decision is not None:
                     return decision
         self._count("misses")
-        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self._tier)
+        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self._tier, self.feedback)
         if decision is None:
-            cache_only = self._policy.mode is Mode.CACHE_ONLY
-            decision = self._reference(req, DecisionSource.CACHE_MISS) if cache_only else self._explore(req, runner)
+            decision = self._reference(req, DecisionSource.CACHE_MISS) if self._policy.mode is Mode.CACHE_ONLY else self._explore(req, runner)
         if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it
-            mark_served(self.feedback, decision)
-            ratios = (decision.ratio,) if decision.source is DecisionSource.TUNED else ()
-            self._feedback("miss", req.key, req.problem, ratios)
+            self._feedback("miss", req.key, req.problem, (decision.ratio,) if decision.source is DecisionSource.TUNED else ())
         return decision
 
     def _feedback(self, kind: str, key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
