@@ -22,7 +22,8 @@ dimension" (``StackPolicy.max_distance``, default 3.0). Among the stored workloa
 distances, then the smaller cache key text (deterministic).
 
 Index lookups are range scans on the first dimension's ``lead`` (``log2`` of it; -1 for a zero) within
-``max_distance`` of the query's: an index answers without reading the other workloads of the family.
+``max_distance`` of the query's: an index answers without reading the other workloads of the family (the local
+cache also filters on the second dimension's in SQL).
 """
 
 from __future__ import annotations
@@ -132,9 +133,11 @@ def rank(a: Sequence[int], b: Sequence[int]) -> tuple[float, float]:
     return (max(gaps, default=0.0), sum(gaps))
 
 
-def lead(dims: Sequence[int]) -> float:
-    """The indexed coordinate of a workload: log2 of its first dimension (-1 for a zero)."""
-    return math.log2(dims[0]) if dims[0] > 0 else -1.0
+def lead(dims: Sequence[int], at: int = 0) -> float:
+    """An indexed coordinate of a workload: log2 of its dimension ``at`` (-1 for a zero, -2 when it has none)."""
+    if at >= len(dims):
+        return -2.0
+    return math.log2(dims[at]) if dims[at] > 0 else -1.0
 
 
 @dataclass(frozen=True)
@@ -151,11 +154,11 @@ class NearestQuery:
     def lead(self) -> float:
         return lead(self.dims)
 
-    def window(self, max_distance: float) -> tuple[float, float]:
-        """The range of ``lead`` values a neighbour within ``max_distance`` can have."""
-        here = self.lead
+    def window(self, max_distance: float, at: int = 0) -> tuple[float, float]:
+        """The range of ``lead(dims, at)`` values a neighbour within ``max_distance`` can have."""
+        here = lead(self.dims, at)
         reach = max_distance + SLACK
-        return (here - reach, here + reach) if here >= 0 else (-1.0, -1.0)
+        return (here - reach, here + reach) if here >= 0 else (here, here)
 
 
 class Family(NamedTuple):

@@ -1,9 +1,11 @@
 """The local cache's nearest-decision index (``farm.nearest``): a table beside the decisions, one row per decision
 whose workload has a family, written in the same transaction as the decision itself.
 
-``nearest(key, family, lead, dims)``: ``key`` the decision's row key (sha256 of its cache key), ``family`` the
-family digest (32 bytes), ``lead`` the indexed coordinate, ``dims`` the dimensions as JSON. A lookup is one range
-scan of ``(family, lead)``: it reads the rows within ``max_distance`` of the query's first dimension only. A
+``nearest(key, family, lead, second, dims)``: ``key`` the decision's row key (sha256 of its cache key),
+``family`` the family digest (32 bytes), ``lead`` and ``second`` the log2 of the first two dimensions
+(farm.nearest.lead), ``dims`` the dimensions as JSON. A lookup is one range scan of the covering index
+``(family, lead, second, dims)``: it reads the rows within ``max_distance`` of the query's first dimension, keeps
+(in SQL) those within it in the second too, and ranks those in Python. A
 trigger removes a decision's index row with the decision (delete, replacement, pruning).
 
 A cache file created before the index existed gets it when a writer first opens it: the table is created and
@@ -27,8 +29,8 @@ log = logging.getLogger("farm.stores.local")
 
 INDEX_SCHEMA = """
 CREATE TABLE IF NOT EXISTS nearest (key BLOB PRIMARY KEY, family BLOB NOT NULL, lead REAL NOT NULL,
-                                    dims TEXT NOT NULL) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS nearest_by_family ON nearest(family, lead, dims);
+                                    second REAL NOT NULL, dims TEXT NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS nearest_by_family ON nearest(family, lead, second, dims);
 CREATE TRIGGER IF NOT EXISTS decisions_unindexed AFTER DELETE ON decisions BEGIN
     DELETE FROM nearest WHERE key = old.key;
 END;
@@ -36,18 +38,19 @@ END;
 LIMIT = 4  # records one lookup reads: the nearest few (a nearer one may be stale, unverified or banned)
 
 
-def index_row(key: bytes, cache_key: str) -> tuple[bytes, bytes, float, str] | None:
+def index_row(key: bytes, cache_key: str) -> tuple[bytes, bytes, float, float, str] | None:
     """The index row of a decision, or None when its workload has no family."""
     found = family_of(cache_key)
     if found is None:
         return None
-    return (key, bytes.fromhex(found.digest), lead(found.dims), json.dumps(list(found.dims), separators=(",", ":")))
+    return (key, bytes.fromhex(found.digest), lead(found.dims), lead(found.dims, 1),
+            json.dumps(list(found.dims), separators=(",", ":")))
 
 
 def write_index(conn: sqlite3.Connection, rows: Iterable[tuple[bytes, str]]) -> None:
     """Index decisions given as (row key, cache key), inside the caller's transaction."""
     built = [row for row in (index_row(key, cache_key) for key, cache_key in rows) if row is not None]
-    write_rows(conn, "INSERT OR REPLACE INTO nearest VALUES {}", "(?, ?, ?, ?)", built)
+    write_rows(conn, "INSERT OR REPLACE INTO nearest VALUES {}", "(?, ?, ?, ?, ?)", built)
 
 
 def has_index(conn: sqlite3.Connection) -> bool:
@@ -85,17 +88,32 @@ def ensure_index(conn: sqlite3.Connection) -> None:
 
 def near_rows(conn: sqlite3.Connection, query: NearestQuery, max_distance: float) -> list[str]:
     """The record texts of the family's nearest decisions within ``max_distance`` (nearest first, at most
-    ``LIMIT``; none without an index). One covering-index range scan, then the few records by key."""
-    low, high = query.window(max_distance)
+    ``LIMIT``; none without an index).
+
+    One range scan of the covering index yields the candidates ordered (in SQL) by ``bound``, their distance over
+    the first two dimensions: a lower bound of the full distance. Rows are ranked in Python in that order until
+    the bound exceeds the distance of the ``LIMIT``-th best found, so a lookup ranks a few rows, not the family."""
+    here, second = lead(query.dims), lead(query.dims, 1)
     try:
-        found = conn.execute("SELECT key, dims FROM nearest WHERE family = ? AND lead BETWEEN ? AND ?",
-                             (bytes.fromhex(query.digest), low, high)).fetchall()
+        rows = conn.execute(
+            "SELECT key, dims, max(abs(lead - ?), abs(second - ?)) AS bound FROM nearest WHERE family = ? AND lead "
+            "BETWEEN ? AND ? AND second BETWEEN ? AND ? ORDER BY bound",
+            (here, second, bytes.fromhex(query.digest), *query.window(max_distance),
+             *query.window(max_distance, 1)))
     except sqlite3.OperationalError as e:
         if "no such table" in str(e):
             return []
         raise
-    ranked = sorted((rank(query.dims, json.loads(dims)), key) for key, dims in found)
-    keys = [key for order, key in ranked if order[0] <= max_distance + SLACK][:LIMIT]
+    best: list[tuple[tuple[float, float], bytes]] = []
+    for key, dims, bound in rows:
+        if len(best) >= LIMIT and bound > best[LIMIT - 1][0][0] + SLACK:
+            break
+        order = rank(query.dims, json.loads(dims))
+        if order[0] <= max_distance + SLACK:
+            best.append((order, key))
+            best.sort()
+    rows.close()
+    keys = [key for _, key in best[:LIMIT]]
     if not keys:
         return []
     texts = dict(conn.execute(f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(keys))})",
