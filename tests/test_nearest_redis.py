@@ -95,3 +95,24 @@ def test_a_miss_served_nearest_from_redis_is_still_reported_marked_served_neares
     assert (report["kind"], report["cache_key"], report["served"]) == ("miss", decision.cache_key, "nearest")
     assert report["nearest"] == {"workload": square(64).workload, "distance": 1.0}
     assert report["signature"] == square(128).workload
+
+
+def test_the_read_only_user_of_the_deployment_may_look_up_nearest_decisions(redis_srv, redis_db) -> None:
+    import re
+    import secrets
+    from pathlib import Path
+
+    script = (Path(__file__).parent.parent / "docker" / "redis-entrypoint.sh").read_text()
+    rules = re.search(r'echo "user \$reader_user on resetpass #\$\(sha256 "\$reader_password"\) (resetkeys [^"]+)"', script)
+    assert rules is not None, "the entrypoint's reader ACL line"
+    user, password = f"reader-{secrets.token_hex(4)}", secrets.token_hex(16)
+    redis_db.execute_command("ACL", "SETUSER", user, "on", f">{password}",
+                             *rules.group(1).replace("$prefix", "nr").split())
+    try:
+        RedisDecisions(client=redis_db, settings=Settings(prefix="nr")).publish(record(key_of(square(64))), ENV)
+        url = redis_srv.url(1).replace("redis://", f"redis://{user}:{password}@", 1)
+        reader = RedisDecisions(url, settings=Settings(prefix="nr"))
+        hits = reader.nearest(query_of(key_of(square(100))), 3.0)
+        assert [h.workload for h in hits] == [square(64).workload] and reader.failures == 0
+    finally:
+        redis_db.execute_command("ACL", "DELUSER", user)
