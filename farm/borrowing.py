@@ -8,7 +8,7 @@ verified unless validation is off, its winner present, eligible, fitting the wor
 the live key) is validated once against the reference on the live workload, as a stored record is:
 
 - passed (or the reference itself): the decision is served with source NEAREST, its origin workload and the
-  distance, and held here, in memory only, for later calls of that key. It never becomes the key's stored record,
+  distance, and held here, in memory only, for later calls of that key (until the origin record's ttl ends). It never becomes the key's stored record,
   in memory or any tier, and the miss is still reported to the fleet, marked served-nearest.
 - failed: the key is remembered as refused (this process never borrows for it again) and the miss goes on as
   before: CACHE_ONLY runs the reference, EXPLORE searches.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 from farm.decisions import Decision, DecisionSource, NearestDecision, TrialRunner
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import fits_workspace
 from farm.nearest import NearestHit, NearestQuery, nearest_first, query_of
 from farm.policy import StackPolicy
@@ -41,17 +41,22 @@ class Borrowing:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._held: OrderedDict[str, Decision] = OrderedDict()
+        self._held: OrderedDict[str, tuple[Decision, float]] = OrderedDict()  # key -> (decision, expiry time)
         self._refused: OrderedDict[str, str] = OrderedDict()  # live key -> the origin key that failed there
         self._lock = threading.Lock()
         self._counts = {"nearest_hits": 0, "nearest_refused": 0}
 
     def held(self, key: str) -> Decision | None:
-        """The borrowed decision held for ``key``, if any (a later call's hit, counted)."""
+        """The borrowed decision held for ``key``, if any and not expired (its origin record's ttl): a later
+        call's hit, counted."""
         found = self._held.get(key)
-        if found is not None:
-            self._count("nearest_hits")
-        return found
+        if found is None:
+            return None
+        if time.time() > found[1]:
+            self.forget(key)
+            return None
+        self._count("nearest_hits")
+        return found[0]
 
     def counts(self) -> dict[str, int]:
         """The controller's counters this owner keeps: ``nearest_hits`` and ``nearest_refused`` (farm.Stats)."""
@@ -90,6 +95,8 @@ class Borrowing:
         if record.index != req.reference:
             try:
                 verdict = runner.validate(req.reference, record.index, policy.tolerance)
+            except DeviceBusy:
+                raise  # not a verdict: the controller answers BUSY, and a later call may borrow
             except Exception as e:  # a wrong output or an error on the live workload: refused
                 if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
                     raise
@@ -106,7 +113,7 @@ class Borrowing:
             Decision(record.index, record.reference_index, record.name, DecisionSource.NEAREST, verified,
                      record.ratio, req.key), candidate.workload, candidate.distance, record.cache_key)
         with self._lock:
-            self._held[req.key] = decision
+            self._held[req.key] = (decision, record.created + policy.ttl)
             if len(self._held) > self.capacity:
                 self._held.popitem(last=False)
             self._counts["nearest_hits"] += 1

@@ -304,3 +304,32 @@ def test_the_controller_borrows_from_an_archive_fleet_tier(tmp_path: Path) -> No
     tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), fleet=[tmp_path / "archives"])
     decision = tuner.select(square(96), C, 0, FakeRunner())
     assert decision.source is DecisionSource.NEAREST and decision.origin == square(64).workload
+
+
+def test_a_busy_device_during_the_check_is_busy_and_never_a_refusal(tmp_path: Path) -> None:
+    from farm.errors import DeviceBusy
+
+    disk_with(tmp_path, record(key_of(square(64))))
+    tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path)
+    assert tuner.select(square(128), C, 0, FakeRunner(verdicts={1: DeviceBusy("lock taken")})).source is \
+        DecisionSource.BUSY
+    assert tuner.select(square(128), C, 0, FakeRunner()).source is DecisionSource.NEAREST
+    assert tuner.stats().nearest_refused == 0
+
+
+def test_a_held_borrowed_decision_ends_with_its_origin_records_ttl(tmp_path: Path, monkeypatch) -> None:
+    import farm.borrowing
+
+    disk_with(tmp_path, record(key_of(square(64))))
+    tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path)
+    runner = FakeRunner()
+    assert tuner.select(square(128), C, 0, runner).source is DecisionSource.NEAREST
+
+    class Later:
+        @staticmethod
+        def time() -> float:
+            return time.time() + FAST.ttl + 1.0
+
+    monkeypatch.setattr(farm.borrowing, "time", Later)
+    assert tuner.select(square(128), C, 0, runner).source is DecisionSource.CACHE_MISS  # expired: the origin too
+    assert runner.calls == [("validate", 0, 1)]
