@@ -1,5 +1,5 @@
 """Nearest decisions: the workload family of a cache key, the distance between two workloads of one family, and
-the in-memory family index (the archives' tier builds one at load).
+the in-memory family index (the archives' tier builds one per archive, on its first nearest lookup).
 
 A decision is exact: its key holds the workload's exact dtype, shapes and strides. A miss may still borrow the
 decision of a NEAR workload (``farm.borrowing``), one that differs from it only in dimension values. The **workload
@@ -43,11 +43,10 @@ if TYPE_CHECKING:  # the stores import this module
     from farm.stores.base import DecisionRecord
 
 __all__ = [
-    "DEFAULT_MAX_DISTANCE", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",
+    "SLACK", "Family", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",
     "hit", "lead", "nearest_first", "parse_workload", "query_of", "rank",
 ]
 
-DEFAULT_MAX_DISTANCE = 3.0  # log2(8): within a factor of 8 in every dimension
 _KEY_PARTS = tuple(CacheKey.__dataclass_fields__)  # nine parts; the encoded order puts the version first
 _WORKLOAD, _ENVIRONMENT = 4, 3
 SLACK = 1e-9  # log2 rounding: 3 and 24 are exactly a factor of 8 apart
