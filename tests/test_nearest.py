@@ -333,3 +333,12 @@ def test_a_held_borrowed_decision_ends_with_its_origin_records_ttl(tmp_path: Pat
     monkeypatch.setattr(farm.borrowing, "time", Later)
     assert tuner.select(square(128), C, 0, runner).source is DecisionSource.CACHE_MISS  # expired: the origin too
     assert runner.calls == [("validate", 0, 1)]
+
+
+def test_a_cache_directory_of_the_previous_format_is_indexed_when_migrated(tmp_path: Path) -> None:
+    from farm.stores.base import key_hash
+
+    old = record(key_of(square(64)))
+    (tmp_path / f"{key_hash(old.cache_key).hex()}.json").write_text(old.to_json())
+    hits = LocalStore(tmp_path, 64).nearest(query_of(key_of(square(128))), 3.0)
+    assert [h.record for h in hits] == [old]
