@@ -29,6 +29,7 @@ cache also filters on the second dimension's in SQL).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import math
 import re
@@ -36,19 +37,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from farm.encoding import fields, split_fields
-from farm.identity import CacheKey
+from farm.encoding import fields
 
 if TYPE_CHECKING:  # the stores import this module
     from farm.stores.base import DecisionRecord
 
 __all__ = [
     "SLACK", "Family", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",
-    "hit", "lead", "nearest_first", "parse_workload", "query_of", "rank",
+    "dims_text", "hit", "lead", "nearest_first", "parse_workload", "query_of", "rank",
 ]
 
-_KEY_PARTS = tuple(CacheKey.__dataclass_fields__)  # nine parts; the encoded order puts the version first
-_WORKLOAD, _ENVIRONMENT = 4, 3
+_WORKLOAD, _ENVIRONMENT = 4, 3  # field positions in an encoded cache key (CacheKey.encode)
 SLACK = 1e-9  # log2 rounding: 3 and 24 are exactly a factor of 8 apart
 _ARRAY = re.compile(r"(numpy|cupy):([^()]+)\(([0-9, ]*)\)s\((.*)\)")
 
@@ -83,6 +82,7 @@ def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], order: Iterabl
     return True
 
 
+@functools.lru_cache(maxsize=4096)  # a workload recurs across fingerprints, sets and accuracy keys
 def parse_workload(workload: str) -> Workload | None:
     """The family text and dimensions of an :func:`~farm.arrays.array_signature` workload; None for a workload
     of another form or one without any array dimension (it has no neighbours)."""
@@ -105,6 +105,11 @@ def parse_workload(workload: str) -> Workload | None:
     if not dims:
         return None
     return Workload(";".join(parts), tuple(dims))
+
+
+def dims_text(dims: Sequence[int]) -> str:
+    """The dimensions as the indexes store them: a compact JSON list."""
+    return "[" + ",".join(map(str, dims)) + "]"
 
 
 def distance(a: Sequence[int], b: Sequence[int]) -> float:
@@ -171,22 +176,32 @@ class Family(NamedTuple):
 
 def family_of(cache_key: str) -> Family | None:
     """The family of an encoded cache key; None when its workload has no family or the key cannot be read.
-    The key's nine parts are read by position here, on the publication path, instead of through
-    :meth:`CacheKey.decode` (whose canonical-form check doubles the cost): part 4 is the workload, 3 the
-    environment (the order :meth:`CacheKey.encode` writes)."""
-    try:
-        parts = split_fields(cache_key)
-    except ValueError:
-        return None
-    if len(parts) != len(_KEY_PARTS):
-        return None
-    workload = parts[_WORKLOAD]
+
+    On the publication path (every decision published is indexed), so the key is not split whole: only the
+    length prefixes up to its workload field are read (the order :meth:`CacheKey.encode` writes: version, scope,
+    operation, environment, workload), and the digest is the sha256 of the key with that field's text replaced by
+    the family's, byte for byte as the whole key re-encoded would be."""
+    data = cache_key.encode()
+    spans = []
+    at = 0
+    for _ in range(_WORKLOAD + 1):
+        colon = data.find(b":", at)
+        if colon < 0 or not data[at:colon].isdigit():
+            return None
+        start = colon + 1
+        end = start + int(data[at:colon])
+        if end > len(data):
+            return None
+        spans.append((at, start, end))
+        at = end
+    field_at, start, end = spans[_WORKLOAD]
+    workload = data[start:end].decode()
     parsed = parse_workload(workload)
     if parsed is None:
         return None
-    parts[_WORKLOAD] = parsed.family
-    digest = hashlib.sha256(b"family:" + fields(parts).encode()).hexdigest()
-    return Family(digest, parsed.dims, workload, parts[_ENVIRONMENT])
+    env = data[spans[_ENVIRONMENT][1] : spans[_ENVIRONMENT][2]].decode()
+    digest = hashlib.sha256(b"family:" + data[:field_at] + fields([parsed.family]).encode() + data[end:])
+    return Family(digest.hexdigest(), parsed.dims, workload, env)
 
 
 def query_of(cache_key: str) -> NearestQuery | None:

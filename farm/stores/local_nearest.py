@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Iterable
 
 from farm.errors import CorruptRecord
-from farm.nearest import SLACK, NearestQuery, family_of, lead, rank
+from farm.nearest import SLACK, NearestQuery, dims_text, family_of, lead, rank
 from farm.stores.base import DecisionRecord
 from farm.stores.migrate import statements, write_rows
 
@@ -44,7 +44,7 @@ def index_row(key: bytes, cache_key: str) -> tuple[bytes, bytes, float, float, s
     if found is None:
         return None
     return (key, bytes.fromhex(found.digest), lead(found.dims), lead(found.dims, 1),
-            json.dumps(list(found.dims), separators=(",", ":")))
+            dims_text(found.dims))
 
 
 def write_index(conn: sqlite3.Connection, rows: Iterable[tuple[bytes, str]]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
-from farm.nearest import SLACK, NearestHit, NearestQuery, family_of, hit, lead, nearest_first, rank
+from farm.nearest import SLACK, NearestHit, NearestQuery, dims_text, family_of, hit, lead, nearest_first, rank
 from farm.stores.base import DecisionRecord, key_sha256
 
 LIMIT = 4  # records one lookup reads: the nearest few (a nearer one may be stale, unverified or banned)
@@ -40,7 +40,7 @@ def index_commands(prefix_key: Any, entries: Iterable[tuple[str, str]]) -> list[
         found = family_of(cache_key)
         if found is None:
             continue
-        member = f"{json.dumps(list(found.dims), separators=(',', ':'))}|{key_sha256(cache_key)}"
+        member = f"{dims_text(found.dims)}|{key_sha256(cache_key)}"
         families.setdefault(index_key(prefix_key, digest, found.digest), []).extend(
             (repr(lead(found.dims)).encode(), member.encode()))
     return [[b"ZADD", key.encode(), *pairs] for key, pairs in families.items()]
