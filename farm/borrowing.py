@@ -18,7 +18,7 @@ the live key) is validated once against the reference on the live workload, as a
 
 from __future__ import annotations
 
-import functools
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +32,7 @@ from farm.nearest import NearestHit, NearestQuery, nearest_first, query_of
 from farm.policy import StackPolicy
 from farm.trials import Validation
 
-Tier = Callable[[str, Callable[[], Any]], Any]  # the controller's guard: a failing tier is a warning and None
+log = logging.getLogger(__name__)
 
 
 class Borrowing:
@@ -76,7 +76,7 @@ class Borrowing:
         return self._refused.get(key)
 
     def borrow(self, req: Any, runner: TrialRunner, policy: StackPolicy, stores: Sequence[Any],
-               banned: Container[tuple[str, str]], tier: Tier, feedback: Any = None) -> Decision | None:
+               banned: Container[tuple[str, str]], feedback: Any = None) -> Decision | None:
         """Serve ``req`` (a farm.engine.Request) from the nearest usable decision of ``stores`` (None entries are
         skipped); None when the policy or the request refuses nearest decisions, the problem is not persistent,
         none is near, or the one found failed its validation. A DEVICE failure during the validation propagates.
@@ -87,7 +87,7 @@ class Borrowing:
         query = query_of(req.key)
         if query is None:
             return None
-        candidate = _nearest_usable(req, query, policy, [s for s in stores if s is not None], banned, tier)
+        candidate = _nearest_usable(req, query, policy, [s for s in stores if s is not None], banned)
         if candidate is None:
             return None
         record = candidate.record
@@ -124,12 +124,16 @@ class Borrowing:
 
 
 def _nearest_usable(req: Any, query: NearestQuery, policy: StackPolicy, stores: Sequence[Any],
-                    banned: Container[tuple[str, str]], tier: Tier) -> NearestHit | None:
+                    banned: Container[tuple[str, str]]) -> NearestHit | None:
     hits: list[NearestHit] = []
     for store in stores:
         find: Callable[[NearestQuery, float], list[NearestHit]] | None = getattr(store, "nearest", None)
-        if find is not None:
-            hits += tier("nearest lookup in", functools.partial(find, query, policy.max_distance)) or []
+        if find is None:
+            continue
+        try:
+            hits += find(query, policy.max_distance)
+        except Exception as e:  # a failing tier is no answer (its exact read on this miss already counted it)
+            log.warning("nearest lookup failed in %s: %s: %s", type(store).__name__, type(e).__name__, e)
     now = time.time()
     cands = req.candidates
     for candidate in nearest_first(hits):

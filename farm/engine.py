@@ -221,7 +221,7 @@ class StackTuner:
                 if decision is not None:
                     return decision
         self._count("misses")
-        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self._tier, self.feedback)
+        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self.feedback)
         if decision is None:
             decision = self._reference(req, DecisionSource.CACHE_MISS) if self._policy.mode is Mode.CACHE_ONLY else self._explore(req, runner)
         if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it

@@ -12,8 +12,10 @@ Layout: an array is ``C`` when its strides are those of a C-contiguous array of 
 Fortran-ordered one's (strides of dimensions of size 0 or 1 are ignored, as NumPy does); any other layout keeps
 its literal strides in the family, so only arrays with exactly those strides are near.
 
-Workloads are read in :func:`farm.arrays.array_signature`'s form (every built-in operation's); a workload of any
-other form has no family: it is never near another, and a miss for it goes on as before.
+Workloads are read in :func:`farm.arrays.array_signature`'s form (every built-in operation's), or else in a
+bracketed form where every ``[d0,d1,...]`` of integers is a shape and all other text is exact (``f32[64,64]``:
+family ``f32[#,#]``, dimensions 64 and 64). A workload of any other form, or without a shape, has
+no family: it is never near another, and a miss for it goes on as before.
 
 **Distance** (log-scale, per dimension): ``distance(a, b) = max_i |log2 a_i - log2 b_i|``; a zero dimension is
 near only another zero (any other is infinitely far). A distance of 3 means "within a factor of 8 in every
@@ -49,6 +51,7 @@ __all__ = [
 
 _WORKLOAD, _ENVIRONMENT = 4, 3  # field positions in an encoded cache key (CacheKey.encode)
 SLACK = 1e-9  # log2 rounding: 3 and 24 are exactly a factor of 8 apart
+_SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
 _ARRAY = re.compile(r"(numpy|cupy):([^()]+)\(([0-9, ]*)\)s\((.*)\)")
 
 
@@ -84,8 +87,15 @@ def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], order: Iterabl
 
 @functools.lru_cache(maxsize=4096)  # a workload recurs across fingerprints, sets and accuracy keys
 def parse_workload(workload: str) -> Workload | None:
-    """The family text and dimensions of an :func:`~farm.arrays.array_signature` workload; None for a workload
-    of another form or one without any array dimension (it has no neighbours)."""
+    """The family text and dimensions of a workload in :func:`~farm.arrays.array_signature`'s form, else in the
+    bracketed form (``f32[64,64]``); None for a workload of any other form or without dimensions (it has no
+    neighbours)."""
+    if workload.startswith(("numpy:", "cupy:")):
+        return _signature(workload)
+    return _bracketed(workload)
+
+
+def _signature(workload: str) -> Workload | None:
     parts: list[str] = []
     dims: list[int] = []
     for segment in workload.split(";"):
@@ -105,6 +115,20 @@ def parse_workload(workload: str) -> Workload | None:
     if not dims:
         return None
     return Workload(";".join(parts), tuple(dims))
+
+
+def _bracketed(workload: str) -> Workload | None:
+    """The bracketed form: every ``[d0,d1,...]`` of integers is a shape (its values the dimensions, its rank kept
+    in the family as ``[#,#]``); all other text (dtypes, parameters, layouts) is exact."""
+    dims: list[int] = []
+
+    def shape(m: re.Match[str]) -> str:
+        values = [int(v) for v in m.group(1).split(",")]
+        dims.extend(values)
+        return "[" + ",".join("#" * len(values)) + "]"
+
+    family = _SHAPE.sub(shape, workload)
+    return Workload(family, tuple(dims)) if dims else None
 
 
 def dims_text(dims: Sequence[int]) -> str:

@@ -81,13 +81,15 @@ def test_ties_in_distance_go_to_the_smaller_sum_of_per_dimension_distances() -> 
     ("numpy:<f8(1, 5)s(5, 1);int=3", "numpy:<f8[2]C;int=3", (1, 5)),  # a parameter stays exact
     ("cupy:<f2(16,)s(1,)", "cupy:<f2[1]C", (16,)),
     ("numpy:<f4(4,)s('bytes', 6)", "numpy:<f4[1]s('bytes', 6)", (4,)),
+    ("f32[64,128]", "f32[#,#]", (64, 128)),  # the bracketed form: integer lists are shapes, the rest is exact
+    ("f16[8];f16[8, 3];causal=True", "f16[#];f16[#,#];causal=True", (8, 8, 3)),
 ])
 def test_a_workload_splits_into_its_family_and_its_dimensions(workload, family, dims) -> None:
     parsed = parse_workload(workload)
     assert parsed is not None and parsed.family == family and parsed.dims == dims
 
 
-@pytest.mark.parametrize("workload", ["f32[64,64]", "int=3;float=2.5", "numpy:<f4 garbage", ""])
+@pytest.mark.parametrize("workload", ["int=3;float=2.5", "numpy:<f4 garbage", "f32[]", "f32[a,b]", ""])
 def test_a_workload_of_another_form_or_without_dimensions_has_no_family(workload) -> None:
     assert parse_workload(workload) is None
 
@@ -243,6 +245,16 @@ def test_a_borrowed_decision_that_fails_live_is_forgotten_and_its_winner_banned(
     assert (after.source, after.name) == (DecisionSource.CACHE_MISS, "ref")
 
 
+def test_a_bracketed_workload_borrows_like_a_signature(tmp_path: Path) -> None:
+    near = problem(environment=ENV, workload="f32[64,64]", persistent=True)
+    disk_with(tmp_path, record(key_of(near)))
+    tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path)
+    decision = tuner.select(problem(environment=ENV, workload="f32[96,64]", persistent=True), C, 0, FakeRunner())
+    assert decision.source is DecisionSource.NEAREST and decision.origin == "f32[64,64]"
+    other_dtype = problem(environment=ENV, workload="f64[96,64]", persistent=True)
+    assert tuner.select(other_dtype, C, 0, FakeRunner()).source is DecisionSource.CACHE_MISS
+
+
 def test_a_session_only_problem_never_borrows(tmp_path: Path) -> None:
     disk_with(tmp_path, record(key_of(square(64))))
     tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path)
@@ -342,3 +354,25 @@ def test_a_cache_directory_of_the_previous_format_is_indexed_when_migrated(tmp_p
     (tmp_path / f"{key_hash(old.cache_key).hex()}.json").write_text(old.to_json())
     hits = LocalStore(tmp_path, 64).nearest(query_of(key_of(square(128))), 3.0)
     assert [h.record for h in hits] == [old]
+
+
+def test_a_tier_whose_nearest_lookup_fails_is_a_logged_warning_and_no_answer(tmp_path: Path, caplog) -> None:
+    class Unreachable:
+        def get(self, cache_key: str) -> None:
+            return None
+
+        def put(self, record: DecisionRecord) -> None:
+            raise AssertionError("read-only")
+
+        def delete(self, cache_key: str) -> None:
+            raise AssertionError("read-only")
+
+        def nearest(self, query: Any, max_distance: float) -> list[Any]:
+            raise ConnectionError("fleet down")
+
+    disk_with(tmp_path, record(key_of(square(64))))
+    tuner = StackTuner(FAST.replace(mode=Mode.CACHE_ONLY), cache_directory=tmp_path, fleet=[Unreachable()])
+    with caplog.at_level("WARNING", logger="farm.borrowing"):
+        decision = tuner.select(square(128), C, 0, FakeRunner())
+    assert decision.source is DecisionSource.NEAREST  # the local cache still answers
+    assert any("fleet down" in r.getMessage() for r in caplog.records)
