@@ -47,20 +47,26 @@ def index_commands(prefix_key: Any, entries: Iterable[tuple[str, str]]) -> list[
 
 
 def lookup(client: Any, layout: Any, query: NearestQuery, max_distance: float) -> list[NearestHit]:
-    """The family's nearest stored decisions within ``max_distance``, nearest first (two round trips)."""
+    """The family's nearest stored decisions within ``max_distance``, nearest first (two round trips). Members
+    are ranked in order of their score's distance from the query's (a lower bound of their distance) until it
+    exceeds the ``LIMIT``-th best found, so a lookup parses a few members, not the window."""
     digest = fingerprint_digest(query.environment)
     low, high = query.window(max_distance)
-    members = client.zrangebyscore(index_key(layout.key, digest, query.digest), low, high)
-    ranked = []
-    for member in members:
+    here = lead(query.dims)
+    members = client.zrangebyscore(index_key(layout.key, digest, query.digest), low, high, withscores=True)
+    best: list[tuple[tuple[float, float], str]] = []
+    for member, score in sorted(members, key=lambda m: abs(float(m[1]) - here)):
+        if len(best) >= LIMIT and abs(float(score) - here) > best[LIMIT - 1][0][0] + SLACK:
+            break
         dims, _, field = str(member).rpartition("|")
         try:
             order = rank(query.dims, json.loads(dims))
         except (ValueError, TypeError):
             continue
         if order[0] <= max_distance + SLACK:
-            ranked.append((order, field))
-    fields = [field for _, field in sorted(ranked)][:LIMIT]
+            best.append((order, field))
+            best.sort()
+    fields = [field for _, field in best[:LIMIT]]
     if not fields:
         return []
     hits = []
