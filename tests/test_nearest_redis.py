@@ -48,7 +48,22 @@ def test_a_published_decision_is_found_nearest_in_two_round_trips(redis_db) -> N
     reader = RedisDecisions(client=counting, settings=Settings(prefix="t"))
     hits = reader.nearest(query_of(key_of(square(70))), 3.0)
     assert [h.workload for h in hits] == [square(64).workload, square(100).workload, square(16).workload]
-    assert counting.commands == ["zrangebyscore", "hmget"]
+    assert counting.commands == ["fcall_ro", "hmget"]  # ranked on the server, then the records
+
+
+def test_without_the_function_the_members_are_ranked_client_side_in_two_round_trips(redis_db) -> None:
+    writer = RedisDecisions(client=redis_db, settings=Settings(prefix="t"))
+    for n in (16, 64, 100, 4096):
+        writer.publish(record(key_of(square(n))), ENV)
+    redis_db.function_flush()
+    counting = CountingClient(redis_db)
+    reader = RedisDecisions(client=counting, settings=Settings(prefix="t"))
+    query = query_of(key_of(square(70)))
+    assert [h.workload for h in reader.nearest(query, 3.0)] == [square(64).workload, square(100).workload,
+                                                                 square(16).workload]
+    counting.commands.clear()
+    assert [h.workload for h in reader.nearest(query, 3.0)][0] == square(64).workload
+    assert counting.commands == ["zrangebyscore", "hmget"]  # the missing function is not asked again
 
 
 def test_a_deleted_decision_is_no_longer_an_answer(redis_db) -> None:
@@ -114,5 +129,6 @@ def test_the_read_only_user_of_the_deployment_may_look_up_nearest_decisions(redi
         reader = RedisDecisions(url, settings=Settings(prefix="nr"))
         hits = reader.nearest(query_of(key_of(square(100))), 3.0)
         assert [h.workload for h in hits] == [square(64).workload] and reader.failures == 0
+        assert reader._rank_on_server  # the reader may run the read-only ranking function
     finally:
         redis_db.execute_command("ACL", "DELUSER", user)

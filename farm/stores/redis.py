@@ -28,7 +28,8 @@ from farm.stores import redis_nearest
 from farm.stores.base import DecisionRecord, Publication, key_sha256
 
 log = logging.getLogger(__name__)
-FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
+# The "farm" library: publication (publish.lua) and the nearest-decision lookup (nearest.lua), one FUNCTION LOAD.
+FUNCTION_SOURCE = "\n".join((Path(__file__).with_name(name)).read_text() for name in ("publish.lua", "nearest.lua"))
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class RedisDecisions:
         self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self._function_loaded = False
+        self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
         self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
 
@@ -172,13 +174,15 @@ class RedisDecisions:
 
     def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
         """The stored decisions of the query's family within ``max_distance``, nearest first (farm.nearest, the
-        index of farm.stores.redis_nearest: two round trips); [] while backing off."""
+        index of farm.stores.redis_nearest: two round trips, ranked on the server where its function may run);
+        [] while backing off."""
         import redis
 
         if time.monotonic() < self._down_until:
             return []
         try:
-            found = redis_nearest.lookup(self.client, self.settings, query, max_distance)
+            found, self._rank_on_server = redis_nearest.lookup(self.client, self.settings, query, max_distance,
+                                                               self._rank_on_server)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             self._unreachable(e)
             return []

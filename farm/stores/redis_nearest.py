@@ -6,8 +6,9 @@ is written in the publication's own MULTI/EXEC (``RedisDecisions.publish_many``;
 ``farm.stores.redis_batch``), so a reader sees a decision and its index entry together. An entry depends on the
 cache key alone, never on which record the replacement rule kept, so writing it again is harmless.
 
-A lookup is two round trips: ZRANGEBYSCORE of the family's set within ``max_distance`` of the query's lead, then
-one HMGET of the nearest few records. An entry whose record is gone (deleted) is skipped.
+A lookup is two round trips: ``farm_nearest`` (nearest.lua, read only) ranks the family's members within
+``max_distance`` of the query's lead on the server and returns the nearest few fields, then one HMGET reads their
+records. An entry whose record is gone (deleted) is skipped.
 
 Decisions published before the index existed are not in it: run ``RedisDecisions.index_nearest`` (one HSCAN of
 each fingerprint's hash) once to add them; every publication after that maintains it.
@@ -46,14 +47,46 @@ def index_commands(prefix_key: Any, entries: Iterable[tuple[str, str]]) -> list[
     return [[b"ZADD", key.encode(), *pairs] for key, pairs in families.items()]
 
 
-def lookup(client: Any, layout: Any, query: NearestQuery, max_distance: float) -> list[NearestHit]:
-    """The family's nearest stored decisions within ``max_distance``, nearest first (two round trips). Members
-    are ranked in order of their score's distance from the query's (a lower bound of their distance) until it
-    exceeds the ``LIMIT``-th best found, so a lookup parses a few members, not the window."""
+def lookup(client: Any, layout: Any, query: NearestQuery, max_distance: float,
+           on_server: bool = True) -> tuple[list[NearestHit], bool]:
+    """The family's nearest stored decisions within ``max_distance``, nearest first, and whether the server may
+    rank them next time. Two round trips: the server ranks the family's window (``farm_nearest``, nearest.lua)
+    and returns the nearest few fields, then one HMGET reads their records. Where the function is not loaded or
+    not permitted (``on_server`` false after the first such answer), the window's members are ranked here."""
+    import redis
+
     digest = fingerprint_digest(query.environment)
+    key = index_key(layout.key, digest, query.digest)
     low, high = query.window(max_distance)
+    fields: list[str] | None = None
+    if on_server:
+        try:
+            fields = client.fcall_ro("farm_nearest", 1, key, repr(low), repr(high), repr(lead(query.dims)),
+                                     repr(max_distance + SLACK), LIMIT, *query.dims)
+        except redis.ResponseError as e:
+            refused = isinstance(e, redis.exceptions.NoPermissionError) or "can't run this command" in str(e)
+            if "Function not found" not in str(e) and not refused:
+                raise
+            on_server = False
+    if fields is None:
+        fields = _ranked_here(client.zrangebyscore(key, low, high, withscores=True), query, max_distance)
+    if not fields:
+        return [], on_server
+    hits = []
+    for raw in client.hmget(layout.decisions_key(digest), [str(f) for f in fields]):
+        if raw is None:
+            continue  # deleted since it was indexed
+        try:
+            hits.append(hit(DecisionRecord.from_json(raw), query, max_distance))
+        except CorruptRecord:
+            continue
+    return nearest_first(hits), on_server
+
+
+def _ranked_here(members: list[tuple[str, float]], query: NearestQuery, max_distance: float) -> list[str]:
+    """farm_nearest's ranking, client-side: members in order of their score's distance from the query's (a lower
+    bound of their distance) until it exceeds the ``LIMIT``-th best found."""
     here = lead(query.dims)
-    members = client.zrangebyscore(index_key(layout.key, digest, query.digest), low, high, withscores=True)
     best: list[tuple[tuple[float, float], str]] = []
     for member, score in sorted(members, key=lambda m: abs(float(m[1]) - here)):
         if len(best) >= LIMIT and abs(float(score) - here) > best[LIMIT - 1][0][0] + SLACK:
@@ -66,15 +99,4 @@ def lookup(client: Any, layout: Any, query: NearestQuery, max_distance: float) -
         if order[0] <= max_distance + SLACK:
             best.append((order, field))
             best.sort()
-    fields = [field for _, field in best[:LIMIT]]
-    if not fields:
-        return []
-    hits = []
-    for raw in client.hmget(layout.decisions_key(digest), fields):
-        if raw is None:
-            continue  # deleted since it was indexed
-        try:
-            hits.append(hit(DecisionRecord.from_json(raw), query, max_distance))
-        except CorruptRecord:
-            continue
-    return nearest_first(hits)
+    return [field for _, field in best[:LIMIT]]
