@@ -8,6 +8,8 @@
 #                                             command, no administration (CONFIG, ACL, FLUSHALL, KEYS, SHUTDOWN...)
 #   REDIS_READER_USER, REDIS_READER_PASSWORD  optional, both or neither: a read-only user for runtime clients, who
 #                                             may only HGET/HMGET/HGETALL/HSCAN the decisions and fingerprints
+#                                             and read the nearest-decision index (ZRANGEBYSCORE,
+#                                             ZREVRANGEBYSCORE, FCALL_RO of the read-only functions; docs/nearest.md)
 #   REDIS_REPORTER_USER, REDIS_REPORTER_PASSWORD  optional, both or neither: a write-only user for applications'
 #                                             fleet feedback, who may only XADD to the <prefix>:feedback stream
 #   FARM_PREFIX                               the farm's key prefix (default farm): the reader's key patterns
@@ -87,7 +89,7 @@ tmp="$acl_file.tmp.$$"
     # MULTI/EXEC, EVAL/FCALL, FUNCTION LOAD, SCAN, BLPOP/BRPOP...), nothing that reconfigures or wipes the server.
     echo "user $writer_user on resetpass #$(sha256 "$writer_password") resetkeys ~* resetchannels &* +@all -@admin -@dangerous"
     if [ -n "$reader_user" ]; then
-        echo "user $reader_user on resetpass #$(sha256 "$reader_password") resetkeys %R~$prefix:decisions:* %R~$prefix:fingerprints resetchannels -@all +hget +hmget +hgetall +hscan +ping +select +client|setname +client|getname"
+        echo "user $reader_user on resetpass #$(sha256 "$reader_password") resetkeys %R~$prefix:decisions:* %R~$prefix:fingerprints %R~$prefix:nearest:* resetchannels -@all +hget +hmget +hgetall +hscan +zrangebyscore +zrevrangebyscore +fcall_ro +ping +select +client|setname +client|getname"
     fi
     if [ -n "$reporter_user" ]; then
         # Fleet feedback (docs/farm.md): append reports to one stream, read nothing, touch no other key.

@@ -5,6 +5,7 @@
 
 from farm.adapter import RuntimeTrials, enable_stack_autotune, stack_autotuner, try_execute_stack
 from farm.arrays import array_signature, compare_outputs
+from farm.decisions import NearestDecision
 from farm.engine import (
     CandidateReport,
     Decision,
@@ -42,6 +43,7 @@ __all__ = [
     "Implementation",
     "MemoryEviction",
     "Mode",
+    "NearestDecision",
     "Problem",
     "RuntimeEnvironment",
     "RuntimeTrials",

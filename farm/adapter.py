@@ -215,6 +215,8 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
         return found
     problem, candidates, order = stack_request(name, device_id, client, tunable, inputs)
     request = tuner.request(problem, candidates, 0, device=client.device_id)
+    if not tunable.nearest:  # the operation refuses borrowed decisions (farm.borrowing)
+        request = request._replace(nearest=False)
     if tunable.spaces:
         built = Prepared(request, order, _Functions(tunable, order))
     else:

@@ -29,10 +29,12 @@ class DecisionSource(enum.Enum):
     BUSY = "busy"
     NESTED = "nested"
     VALIDATION_UNAVAILABLE = "validation_unavailable"
+    NEAREST = "nearest"  # borrowed from the nearest stored workload of the family (``origin``, ``distance``)
 
 
 class Decision(NamedTuple):
-    """The candidate to run. ``ratio`` is selected/reference median time (1.0 for the reference)."""
+    """The candidate to run. ``ratio`` is selected/reference median time (1.0 for the reference). A NEAREST one
+    is a :class:`NearestDecision`."""
 
     index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: a NamedTuple keeps hits cheap
     reference_index: int
@@ -41,6 +43,21 @@ class Decision(NamedTuple):
     verified: bool
     ratio: float
     cache_key: str
+
+
+class NearestDecision(Decision):
+    """A NEAREST decision, with where it was borrowed from: ``origin`` the workload whose stored decision it is,
+    ``origin_key`` that decision's cache key, ``distance`` the log-scale distance between the two workloads
+    (farm.nearest). ``ratio`` is the one measured on the origin. The same tuple as any decision."""
+
+    origin: str
+    distance: float
+    origin_key: str
+
+    def __new__(cls, decision: Decision, origin: str, distance: float, origin_key: str) -> NearestDecision:
+        self = super().__new__(cls, *decision)
+        self.origin, self.distance, self.origin_key = origin, distance, origin_key
+        return self
 
 
 class TrialRunner(Protocol):
@@ -69,6 +86,8 @@ class Stats:
     cache_warnings: int = 0
     invalidations: int = 0
     device_failures: int = 0
+    nearest_hits: int = 0  # misses served by a borrowed, validated nearest decision (also counted in misses)
+    nearest_refused: int = 0  # borrowed winners that failed their validation on the live workload
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """The stack tuner: selects, for one exact problem, the fastest candidate proven correct against the reference.
 
 The engine is pure: trials run through an injected :class:`TrialRunner` (a host or CUDA runtime, a Celery task,
-or a test fake) and stored decisions come from injected stores. The selection order is SEMANTICS.md's:
+or a test fake) and stored decisions come from injected stores. The selection order is docs/contract.md's:
 
 1. malformed input -> INVALID_INPUT;  2. quarantined lane -> QUARANTINED;  3. DISABLED -> reference;
 4. fresh memory record -> reuse, no synchronization;  5. validation unavailable / nested / busy -> reference;
 6. persistent stored record (disk, then fleet) -> reuse after one validation in this process;
-7. CACHE_ONLY -> reference;  8. EXPLORE -> paired search over every candidate;  9. failures become notes;
-10. store, count, report.
+7. the nearest decision of the workload's family, validated (farm.borrowing), else CACHE_ONLY -> reference;
+8. EXPLORE -> paired search (a list, or a space's strategy);  9. failures become notes;  10. store, count, report.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from farm.borrowing import Borrowing
 from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
@@ -50,9 +51,10 @@ class Request(NamedTuple):
     reference: int
     key: str
     lane: str
+    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False), farm.borrowing)
 
 
-_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE)
+_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE, DecisionSource.NEAREST)
 
 
 class StackTuner:
@@ -95,6 +97,7 @@ class StackTuner:
         self._windows: OrderedDict[str, deque[float]] = OrderedDict()
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
+        self._borrowing = Borrowing(policy.capacity)  # misses served by a nearest decision (farm.borrowing)
         # Fleet feedback (farm.feedback.FleetReporter): called on a fleet miss and a regression, never on a hit.
         self.feedback: Callable[[str, str, Problem | None, tuple[float, ...]], None] | None = None
 
@@ -156,6 +159,8 @@ class StackTuner:
                     self._counters["memory_hits"] += 1
                     return self._hits[key]
                 self._forget(key)
+            if (borrowed := self._borrowing.held(key)) is not None:
+                return borrowed
             if key in self._validation_unavailable:
                 return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
             if is_tuning():
@@ -217,13 +222,11 @@ class StackTuner:
                 if decision is not None:
                     return decision
         self._count("misses")
-        if self._policy.mode is Mode.CACHE_ONLY:
-            decision = self._reference(req, DecisionSource.CACHE_MISS)
-        else:
-            decision = self._explore(req, runner)
+        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self.feedback)
+        if decision is None:
+            decision = self._reference(req, DecisionSource.CACHE_MISS) if self._policy.mode is Mode.CACHE_ONLY else self._explore(req, runner)
         if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it
-            ratios = (decision.ratio,) if decision.source is DecisionSource.TUNED else ()
-            self._feedback("miss", req.key, req.problem, ratios)
+            self._feedback("miss", req.key, req.problem, (decision.ratio,) if decision.source is DecisionSource.TUNED else ())
         return decision
 
     def _feedback(self, kind: str, key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
@@ -344,6 +347,7 @@ class StackTuner:
         again in this process (the reference is never banned)."""
         with self._lock:
             self._forget(decision.cache_key)
+            self._borrowing.forget(decision.cache_key)
             self._windows.pop(decision.cache_key, None)
             if ban_candidate and decision.index != decision.reference_index:
                 self._banned.add((decision.cache_key, decision.name))
@@ -352,9 +356,8 @@ class StackTuner:
             disk = self._disk
             self._tier("delete an invalidated record from", lambda: disk.delete(decision.cache_key))
 
-    def record_comparison(
-        self, decision: Decision, reference_seconds: float, selected_seconds: float, correctness_checked: bool
-    ) -> bool:
+    def record_comparison(self, decision: Decision, reference_seconds: float, selected_seconds: float,
+                          correctness_checked: bool) -> bool:
         """Feed one live (reference, selected) observation into the decision's regression window.
 
         Only correctness-checked observations count (an unchecked run may have been a broken one). When the window
@@ -362,9 +365,8 @@ class StackTuner:
         ``regression_ratio``, the decision is invalidated and its candidate banned; returns True then.
         """
         if not (valid_seconds(reference_seconds) and valid_seconds(selected_seconds)):
-            raise TuneFailure.invalid(
-                f"record_comparison needs positive finite seconds, got ({reference_seconds!r}, {selected_seconds!r})"
-            )
+            raise TuneFailure.invalid(f"record_comparison needs positive finite seconds, "
+                                      f"got ({reference_seconds!r}, {selected_seconds!r})")
         if not correctness_checked or decision.index == decision.reference_index or decision.source not in _STORED_SOURCES:
             return False
         policy = self._policy
@@ -383,11 +385,9 @@ class StackTuner:
                 self._feedback("regression", decision.cache_key, None, (median, decision.ratio))
         return regressed
 
-    # -- introspection ----------------------------------------------------------------------------------------
-
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(**self._counters)
+            return Stats(**{**self._counters, **self._borrowing.counts()})
 
     def reports(self) -> list[TuneReport]:
         with self._lock:

@@ -17,6 +17,10 @@ A report (one stream entry, field ``report``, JSON)::
      "signature": "...", "fingerprint": "<digest>", "fingerprint_text": "...", "cache_key": "...",
      "host": "<hostname>", "pid": 123, "time": 1700000000.0, "ratios": [0.71]}
 
+A miss the controller served with a borrowed nearest decision (farm.borrowing) is still reported, marked
+``"served": "nearest"`` with ``"nearest": {"workload": ..., "distance": ...}`` (the origin workload and its
+log-scale distance): the farm tunes the exact workload like any miss, so later processes get an exact hit.
+
 ``spec`` is the workload spec rebuilt from the live inputs (the operation's inverse of ``build``); without one
 the report carries the workload signature only (counted in ``unsigned``) and the farm cannot tune it.
 """
@@ -84,6 +88,7 @@ class FleetReporter:
         self._buffer: deque[str] = deque()
         self._described: OrderedDict[str, tuple[str, str, dict[str, Any] | None, Problem]] = OrderedDict()
         self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._served: OrderedDict[str, tuple[str, float]] = OrderedDict()  # cache key -> (origin workload, distance)
         self._counts = {"queued": 0, "sent": 0, "dropped": 0, "failures": 0, "unsigned": 0}
         self._thread: threading.Thread | None = None
         self._inflight = 0
@@ -101,6 +106,13 @@ class FleetReporter:
             if len(self._described) > 4096:
                 self._described.popitem(last=False)
 
+    def served_nearest(self, cache_key: str, origin: str, distance: float) -> None:
+        """Mark the miss of ``cache_key`` (reported next) as served by a borrowed nearest decision."""
+        with self._lock:
+            self._served[cache_key] = (origin, float(distance))
+            if len(self._served) > 4096:
+                self._served.popitem(last=False)
+
     def __call__(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
         """Queue one report; never blocks on I/O and never raises."""
         try:
@@ -117,6 +129,7 @@ class FleetReporter:
             if seen:
                 return
             described = self._described.get(cache_key)
+            served = self._served.pop(cache_key, None) if kind == "miss" else None
         if described is not None:
             operation, device_kind, spec, problem = described
         elif problem is not None:
@@ -129,6 +142,9 @@ class FleetReporter:
             "fingerprint_text": problem.environment, "cache_key": cache_key, "host": self._host, "pid": os.getpid(),
             "time": time.time(), "ratios": [round(float(r), 6) for r in ratios],
         }
+        if served is not None:
+            report["served"] = "nearest"
+            report["nearest"] = {"workload": served[0], "distance": round(served[1], 6)}
         text = json.dumps(report, sort_keys=True)
         with self._lock:
             if spec is None:

@@ -146,6 +146,10 @@ class StackPolicy:
     "bayes" (Optuna's TPE sampler, the ``tuning-farm[bayes]`` extra). ``max_configs`` (None: no limit but the
     space and the budget) bounds the space configs evaluated; ``max_candidates`` bounds the listed candidates.
     Like the budget they bound effort, so they are recorded with the decision and are not in the accuracy key.
+    ``nearest`` lets a miss (EXPLORE or CACHE_ONLY) borrow the stored decision of the nearest workload of the same
+    family within ``max_distance`` (log2 per dimension: 3.0 is a factor of 8 in each), validated once on the live
+    workload before use (farm.nearest, farm.borrowing). Neither is in the accuracy key: a borrowed decision is
+    never stored.
     """
 
     mode: Mode = Mode.EXPLORE
@@ -170,6 +174,8 @@ class StackPolicy:
     strategy: str = "exhaustive"
     max_configs: int | None = None
     seed: int = 0
+    nearest: bool = True
+    max_distance: float = 3.0
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -227,6 +233,9 @@ class StackPolicy:
         if self.max_configs is not None:
             integer("max_configs", 1, 1 << 40)
         integer("seed", 0, (1 << 63) - 1)
+        if not isinstance(self.nearest, bool):
+            raise bad("nearest", "must be a bool")
+        real("max_distance", 0.0)
         return self
 
     @property

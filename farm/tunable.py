@@ -66,6 +66,8 @@ class TunableSet:
       signature separates (default: the signature, or a cheaper equivalent for ``array_signature``).
     - ``tolerance(*inputs) -> Tolerance | None``: a per-workload tolerance (e.g. by dtype) that replaces the
       policy's for validation; its source is part of the checksum.
+    - ``nearest``: False refuses nearest decisions for this operation (its winners are known not to transfer
+      between workloads): a miss never borrows another workload's decision (farm.nearest).
     """
 
     def __init__(
@@ -76,10 +78,14 @@ class TunableSet:
         generate: Callable[..., Inputs] | None = None,
         key: Callable[..., Hashable] | None = None,
         tolerance: Callable[..., Tolerance | None] | None = None,
+        nearest: bool = True,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TuneFailure.invalid(f"tunable set name must be a non-empty string, got {name!r}")
+        if not isinstance(nearest, bool):
+            raise TuneFailure.invalid(f"{name}: nearest must be a bool, got {nearest!r}")
         self.name = name
+        self.nearest = nearest
         self._signature = signature
         self._generate = generate
         self._key = key

@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import CorruptRecord
+from farm.nearest import NearestHit, NearestQuery, hit, nearest_first
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash
 from farm.stores.bulkbuild import absent, build_aside
 from farm.stores.checkpoints import Checkpoints
+from farm.stores.local_nearest import INDEX_SCHEMA, ensure_index, fill_index, near_rows, write_index
 from farm.stores.migrate import APP as APP
 from farm.stores.migrate import FARM as FARM
 from farm.stores.migrate import legacy_files, migrate, replace_row, statements
@@ -69,7 +71,7 @@ CREATE TRIGGER decisions_removed AFTER DELETE ON decisions BEGIN
     UPDATE counts SET n = n - 1 WHERE owner = old.owner;
     DELETE FROM trials WHERE key = old.key;
 END;
-"""
+""" + INDEX_SCHEMA
 
 
 
@@ -147,6 +149,8 @@ class LocalStore:
                 self._create(conn)
             elif version != STORE_SCHEMA:
                 raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads {STORE_SCHEMA}")
+            else:
+                ensure_index(conn)  # a file written before the nearest-decision index: built once
         except BaseException:
             conn.close()
             raise
@@ -160,6 +164,8 @@ class LocalStore:
                 for statement in statements(_SCHEMA):
                     conn.execute(statement)
                 migrated = migrate(conn, self.directory)
+                if migrated:
+                    fill_index(conn)
                 conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
             conn.execute("COMMIT")
         except BaseException:
@@ -215,13 +221,30 @@ class LocalStore:
     def put(self, record: DecisionRecord) -> None:
         """Store under this store's owner, then prune its expired and excess rows (indexed; never the farm's)."""
         with self._write() as conn:
-            replace_row(conn, key_hash(record.cache_key), self.owner, record.created, None, record.to_json())
+            key = key_hash(record.cache_key)
+            replace_row(conn, key, self.owner, record.created, None, record.to_json())
+            write_index(conn, [(key, record.cache_key)])
             if self.owner == APP:
                 self._prune(conn)
 
     def delete(self, cache_key: str) -> None:
         with self._write() as conn:
             conn.execute("DELETE FROM decisions WHERE key = ?", (key_hash(cache_key),))
+
+    def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
+        """The stored decisions of the query's family within ``max_distance``, nearest first (farm.nearest;
+        the index of farm.stores.local_nearest). Unreadable records are left out."""
+        with self._lock:
+            try:
+                conn = self._connect(create=False)
+                texts = [] if conn is None else near_rows(conn, query, max_distance)
+            except (sqlite3.Error, OSError) as e:
+                raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
+        hits = []
+        for text in texts:
+            with contextlib.suppress(CorruptRecord):
+                hits.append(hit(DecisionRecord.from_json(text), query, max_distance))
+        return nearest_first(hits)
 
     def _prune(self, conn: sqlite3.Connection) -> None:
         if self.ttl is not None:

@@ -23,10 +23,13 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
+from farm.nearest import NearestHit, NearestQuery
+from farm.stores import redis_nearest
 from farm.stores.base import DecisionRecord, Publication, key_sha256
 
 log = logging.getLogger(__name__)
-FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
+# The "farm" library: publication (publish.lua) and the nearest-decision lookup (nearest.lua), one FUNCTION LOAD.
+FUNCTION_SOURCE = "\n".join((Path(__file__).with_name(name)).read_text() for name in ("publish.lua", "nearest.lua"))
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class RedisDecisions:
         self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self._function_loaded = False
+        self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
         self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
 
@@ -154,16 +158,48 @@ class RedisDecisions:
         try:
             raw = self.client.hget(self.settings.decisions_key(self._digest(cache_key)), field_for(cache_key))
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            with self._lock:
-                self.failures += 1
-                self._down_until = time.monotonic() + self._backoff
-                log.warning("fleet Redis unreachable (%s); treating lookups as misses for %.1fs", e, self._backoff)
-                self._backoff = min(self._backoff * 2, 60.0)
+            self._unreachable(e)
             return None
         self._backoff = self._backoff_initial
         if raw is None:
             return None
         return DecisionRecord.from_json(raw, expected_key=cache_key)
+
+    def _unreachable(self, e: Exception) -> None:
+        with self._lock:
+            self.failures += 1
+            self._down_until = time.monotonic() + self._backoff
+            log.warning("fleet Redis unreachable (%s); treating lookups as misses for %.1fs", e, self._backoff)
+            self._backoff = min(self._backoff * 2, 60.0)
+
+    def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
+        """The stored decisions of the query's family within ``max_distance``, nearest first (farm.nearest, the
+        index of farm.stores.redis_nearest: two round trips, ranked on the server where its function may run);
+        [] while backing off."""
+        import redis
+
+        if time.monotonic() < self._down_until:
+            return []
+        try:
+            found, self._rank_on_server = redis_nearest.lookup(self.client, self.settings, query, max_distance,
+                                                               self._rank_on_server)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+            self._unreachable(e)
+            return []
+        self._backoff = self._backoff_initial
+        return found
+
+    def index_nearest(self) -> int:
+        """Add every stored decision to the nearest-decision index (for decisions published before it existed;
+        idempotent); return how many were read."""
+        count = 0
+        for digest in self.fingerprints():
+            keys = [(r.cache_key, digest) for r in self.records(digest)]
+            count += len(keys)
+            for at in range(0, len(keys), 1000):
+                for command in redis_nearest.index_commands(self.settings.key, keys[at : at + 1000]):
+                    self.client.execute_command(*command)
+        return count
 
     def put(self, record: DecisionRecord) -> None:
         self.publish(record, key_environment(record.cache_key))
@@ -209,19 +245,27 @@ class RedisDecisions:
         results: list[tuple[bool, str]] = []
         pending = iter(publications)
         while chunk := list(itertools.islice(pending, batch)):
-            results += self.publish_calls([self._publish_args(pub) for pub in chunk])
+            index = redis_nearest.index_commands(
+                self.settings.key, [(pub.record.cache_key, self._publish_keys_digest(pub.fingerprint)) for pub in chunk])
+            results += self.publish_calls([self._publish_args(pub) for pub in chunk], index)
         return results
 
-    def publish_calls(self, calls: list[tuple[list[str], list[str]]]) -> list[tuple[bool, str]]:
-        """``farm_publish`` with these keys and arguments, in one MULTI/EXEC (loading the function first)."""
+    def _publish_keys_digest(self, fingerprint: str) -> str:
+        cached = self._publish_keys.get(fingerprint)
+        return cached[0] if cached is not None else fingerprint_digest(fingerprint)
+
+    def publish_calls(self, calls: list[tuple[list[str], list[str]]],
+                      index: list[list[bytes]] | None = None) -> list[tuple[bool, str]]:
+        """``farm_publish`` with these keys and arguments, in one MULTI/EXEC (loading the function first), with
+        the ``index`` commands (the nearest-decision index's, farm.stores.redis_nearest) in the same transaction."""
         import redis
 
         if not self._function_loaded:
             self.load_function()
-        replies = self._execute(calls)
+        replies = self._execute(calls, index or [])
         if any(isinstance(r, redis.ResponseError) and "Function not found" in str(r) for r in replies):
             self.load_function()  # the server restarted without it: every call of the batch failed alike
-            replies = self._execute(calls)
+            replies = self._execute(calls, index or [])
         results = []
         for reply in replies:
             if isinstance(reply, Exception):
@@ -230,16 +274,18 @@ class RedisDecisions:
             results.append((bool(replaced), str(reason)))
         return results
 
-    def _execute(self, calls: list[tuple[list[str], list[str]]]) -> list[Any]:
-        """One MULTI/EXEC of ``farm_publish`` calls (one call: no transaction), packed here: redis-py's generic
-        per-argument packing costs more than the server's work for a batch. Error replies come back in place."""
+    def _execute(self, calls: list[tuple[list[str], list[str]]], index: list[list[bytes]]) -> list[Any]:
+        """One MULTI/EXEC of ``farm_publish`` calls and then the ``index`` commands (one call alone: no
+        transaction), packed here: redis-py's generic per-argument packing costs more than the server's work for a
+        batch. Error replies come back in place, one per call."""
         commands = []
         for keys, args in calls:
             commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
+        commands += [_resp(command) for command in index]
         pool = self.client.connection_pool
         conn = connection(pool, "FCALL")
         try:
-            if len(calls) == 1:
+            if len(commands) == 1:
                 conn.send_packed_command([commands[0]])
                 try:
                     return [conn.read_response()]
@@ -248,13 +294,13 @@ class RedisDecisions:
             conn.send_packed_command([b"".join([_resp([b"MULTI"]), *commands, _resp([b"EXEC"])])])
             conn.read_response()  # +OK
             queued = []
-            for _ in calls:
+            for _ in commands:
                 try:
                     queued.append(conn.read_response())
                 except redis_module().ResponseError as e:
                     queued.append(e)
             replies = conn.read_response()  # raises EXECABORT when a call was refused while queueing
-            return list(replies)
+            return list(replies)[: len(calls)]
         except BaseException:
             conn.disconnect()
             raise

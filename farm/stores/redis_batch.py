@@ -7,7 +7,7 @@ A batch is published in two steps inside one ``WATCH`` of the fingerprint's deci
    against what is stored, from its field, ``verified`` and ``created`` alone, and says which win and why;
 2. one MULTI/EXEC writes the winners: their records, trial rows and problem ids with one HSET per hash (HDEL of
    the trial rows of a winner without any), the fingerprint text, and their update events (``farm_events``: the
-   fields ``farm_publish`` writes).
+   fields ``farm_publish`` writes), and the part's nearest-decision index entries (``farm.stores.redis_nearest``).
 
 If anything touched the decisions hash in between, EXEC does nothing and the batch is judged again (after
 ``RETRIES`` tries, it goes through ``farm_publish`` one call per decision). Each batch is one transaction: a
@@ -28,6 +28,7 @@ from farm.environment import fingerprint_digest
 from farm.stores.base import PublicationBatch
 from farm.stores.columns import arrow_texts
 from farm.stores.redis import RedisDecisions, connection
+from farm.stores.redis_nearest import index_commands
 
 BATCH = 1000  # decisions per transaction (farm_judge unpacks its fields: at most 7,000)
 RETRIES = 8
@@ -116,10 +117,11 @@ class _Part:
     the field deleted elsewhere), ``problems`` (problem id and field: written where ``with_problem``) and
     ``events`` (field, winner, verified and run: the arguments of the decision's event but its reason)."""
 
-    def __init__(self, batch: PublicationBatch, start: int, stop: int) -> None:
+    def __init__(self, batch: PublicationBatch, start: int, stop: int, index: list[list[bytes]] | None = None) -> None:
         import pyarrow as pa
 
         self.start, self.stop = start, stop
+        self.index = index or []  # the part's nearest-decision index commands (farm.stores.redis_nearest)
         self.fields = fields = _join(*_bulks(_column([d.hex() for d in batch.digests[start:stop]])))
         verified = pa.array(batch.verified[start:stop], pa.bool_())
         created = _column([repr(c) for c in batch.created[start:stop]])  # Python's repr, as Lua's tonumber reads
@@ -151,7 +153,9 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
         ("fingerprints", s.fingerprints_key), ("events", s.events_key), ("trials", s.trials_key(digest)))}
     tail = _command(b"HSET", keys["fingerprints"], digest.encode(), batch.fingerprint.encode())
     events_head = _bulk(keys["events"]) + _bulk(digest.encode()) + _bulk(b"%d" % s.events_maxlen)
-    parts: Iterator[_Part] = (_Part(batch, at, min(at + size, len(batch))) for at in range(0, len(batch), size))
+    parts: Iterator[_Part] = (
+        _Part(batch, at, stop, index_commands(s.key, [(k, digest) for k in batch.cache_keys[at:stop]]))
+        for at, stop in ((at, min(at + size, len(batch))) for at in range(0, len(batch), size)))
     results: list[tuple[bool, str]] = []
     pool = decisions.client.connection_pool
     conn = connection(pool, "WATCH")
@@ -168,7 +172,7 @@ def publish_batch(decisions: RedisDecisions, batch: PublicationBatch, size: int 
                 if attempt == RETRIES:
                     conn.send_packed_command([_command(b"UNWATCH")])
                     conn.read_response()
-                    results += decisions.publish_calls(_calls(batch, part, digest, keys, s.events_maxlen))
+                    results += decisions.publish_calls(_calls(batch, part, digest, keys, s.events_maxlen), part.index)
                     chained = False
                     break
                 transaction, queued = _transaction(part, keys, reasons, tail, events_head)
@@ -214,7 +218,7 @@ def _read_judge(conn: Any, part: _Part) -> list[str]:
 
 def _transaction(part: _Part, keys: dict[str, bytes], reasons: list[str], tail: bytes,
                  events_head: bytes) -> tuple[list[_Chunk], int]:
-    """MULTI, the winners' writes and events, EXEC (nothing between them when nothing wins), as the chunks to
+    """MULTI, the winners' writes and events, the part's nearest-decision index entries, EXEC, as the chunks to
     send, and the number of commands queued. The winners (reasons but "kept...") are the rows selected from the
     part's arrays; their arguments are sent straight from the arrays' data."""
     import pyarrow.compute as pc
@@ -239,6 +243,8 @@ def _transaction(part: _Part, keys: dict[str, bytes], reasons: list[str], tail: 
         out += (tail, b"*%d\r\n" % (6 + 5 * len(events)) + _bulk(b"FCALL") + _bulk(b"farm_events") + _bulk(b"1")
                 + events_head, _packed(events))
         queued += 2
+    out += [_command(*command) for command in part.index]  # keyed by cache key alone: written for every decision
+    queued += len(part.index)
     out.append(_command(b"EXEC"))
     return out, queued
 

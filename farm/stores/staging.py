@@ -10,6 +10,7 @@ from collections.abc import Callable
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.stores.base import DecisionRecord, PublicationBatch, outranks
+from farm.stores.local_nearest import write_index
 from farm.stores.migrate import FARM, write_rows
 
 BATCH = 1000  # stored records are looked up this many keys at a time
@@ -28,6 +29,7 @@ class Staging:
         self.indexed: list[tuple[str, str, bytes]] = []  # (digest, problem id, key) of every publication accepted
         self.stored: set[bytes] = set()  # keys with a row to delete first
         self.fingerprints: dict[str, str] = {}
+        self.cache_keys: dict[bytes, str] = {}  # the cache key of each staged row (the nearest-decision index's)
 
     def add(self, batch: PublicationBatch, lookup: Callable[[set[bytes]], dict[bytes, str]]) -> list[tuple[bool, str]]:
         """Stage a batch; ``lookup(keys)`` gives the stored record text of those keys that have one."""
@@ -45,6 +47,7 @@ class Staging:
                 staged.update(zip(keys, zip(batch.verified[at:stop], batch.created[at:stop], batch.texts[at:stop],
                                             pids, batch.trials[at:stop], strict=True), strict=True))
                 indexed += [(digest, pid, key) for pid, key in zip(pids, keys, strict=True) if pid]
+                self.cache_keys.update(zip(keys, batch.cache_keys[at:stop], strict=True))
                 replies += [_NEW] * len(keys)
             else:
                 replies += [self._stage(batch, i, digest, old_rows) for i in range(at, stop)]
@@ -66,6 +69,7 @@ class Staging:
                     return _KEPT
         pid = batch.problem_ids[i]
         self.staged[key] = (verified, created, batch.texts[i], pid, batch.trials[i])
+        self.cache_keys[key] = batch.cache_keys[i]
         if pid:  # as if published one by one: two problems may share a cache key
             self.indexed.append((digest, pid, key))
         return (True, "new" if held is None and key not in old_rows else "replaced")
@@ -83,6 +87,7 @@ class Staging:
         write_rows(conn, "INSERT INTO decisions (key, owner, created, problem_id, record) VALUES {}",
                    "(?, ?, ?, ?, ?)", [(k, FARM, v[1], v[3] or None, v[2]) for k, v in items])
         write_rows(conn, "INSERT OR REPLACE INTO trials VALUES {}", "(?, ?)", [(k, v[4] or "[]") for k, v in items])
+        write_index(conn, [(k, self.cache_keys[k]) for k, _ in items])
         problems = {(d, pid): key for d, pid, key in self.indexed}  # a problem indexed twice: the later key
         write_rows(conn, "INSERT OR REPLACE INTO problems VALUES {}", "(?, ?, ?)",
                    [(d, pid, key) for (d, pid), key in sorted(problems.items())])

@@ -13,8 +13,10 @@ from farm.encoding import fields
 from farm.environment import fingerprint_digest
 from farm.errors import ArchiveError, CorruptRecord, TuneFailure
 from farm.identity import key_environment
+from farm.nearest import FamilyIndex, NearestHit, NearestQuery, hit, nearest_first
 from farm.stores.archive import v1
 from farm.stores.archive.checks import check_keys
+from farm.stores.archive.families import NEAR_ROWS, family_index
 from farm.stores.archive.files import parquet_file, verified_bytes
 from farm.stores.archive.reader import archive_folders, read_manifest
 from farm.stores.archive.schema import (
@@ -77,15 +79,16 @@ class _Loaded:
                 at += len(chunk)
         self.groups: OrderedDict[int, Any] = OrderedDict()
         self.max_groups = row_groups
+        self.families: FamilyIndex | None = None  # the nearest-decision index, built on the first nearest lookup
 
     def row(self, cache_key: str) -> int | None:
         if self.version == 1:
             return self.rows.get(key_sha256(cache_key))
         return self.rows.get(key_hash64(key_digest(cache_key)))
 
-    def text(self, row: int, cache_key: str) -> str | None:
+    def text(self, row: int, cache_key: str | None) -> str | None:
         """The record text of ``row``; None when its key is not ``cache_key`` (another key whose sha256 begins with
-        the same 64 bits)."""
+        the same 64 bits; None: any key, for a row found by the nearest-decision index)."""
         g = bisect.bisect_right(self.starts, row) - 1
         group = self.groups.get(g)
         if group is None:
@@ -100,7 +103,7 @@ class _Loaded:
             return str(group.column(0)[at].as_py())
         v = [group.column(i)[at].as_py() for i in range(len(_RECORD_COLUMNS))]
         key = fields([*v[0:3], self.fingerprint, *v[3:5], str(v[5]), *v[6:8]])
-        if key != cache_key:
+        if cache_key is not None and key != cache_key:
             return None
         return with_checksum(record_body(key, v[8], v[9], v[10], v[11], v[12], v[5], v[13]), v[14])
 
@@ -214,6 +217,29 @@ class ArchiveStore:
         if best is None and problem is not None:
             raise CorruptRecord(problem)
         return best
+
+    def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
+        """The archived decisions of the query's family within ``max_distance``, nearest first (farm.nearest). Each
+        archive's family index is built on its first nearest lookup (farm.stores.archive.families: one pass over its
+        key columns); unreadable rows are left out."""
+        digest = fingerprint_digest(query.environment)
+        if digest not in self._manifests:
+            return []
+        hits = []
+        for archive in self._archives(digest):
+            with self._lock:
+                if archive.families is None:
+                    archive.families = family_index(archive.pf, archive.version, archive.fingerprint)
+                near = archive.families.near(query, max_distance)[:NEAR_ROWS]
+            for _, row in near:
+                try:
+                    with self._lock:
+                        text = archive.text(row, None)
+                    if text is not None:
+                        hits.append(hit(DecisionRecord.from_json(text), query, max_distance))
+                except Exception as e:  # a corrupt record or an unreadable row group: not an answer
+                    log.warning("%s: row %d: unreadable for a nearest lookup: %s", archive.path, row, e)
+        return nearest_first(hits)
 
     def put(self, record: DecisionRecord) -> None:
         raise TuneFailure.unavailable("an ArchiveStore is read-only: write archives with `farm archive`")
