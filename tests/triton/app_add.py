@@ -1,0 +1,55 @@
+"""An application of the Triton tier, run in its own process: an unmodified ``@triton.autotune`` kernel with the
+adapter's ``early_config_prune``, and a Triton benchmark that fails the run if anything calls it.
+
+    python app_add.py POLICY_TOML CACHE_DIR N [--on-miss first] [--report-to URL]
+
+Prints one JSON line: the config Triton ran, whether the output is right, the adapter's hit and miss counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+from triton.runtime.autotuner import Autotuner
+from triton_ops import CONFIGS, NAME, add_kernel, grid
+
+import farm_triton
+from farm_coordinator.catalog import load_catalog
+
+
+def no_benchmark(*args, **kwargs):
+    raise AssertionError("Triton ran a benchmark")
+
+
+Autotuner._bench = no_benchmark  # every config Triton would time goes through _bench, then do_bench
+Autotuner.do_bench = property(no_benchmark)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("policy")
+    parser.add_argument("cache")
+    parser.add_argument("n", type=int)
+    parser.add_argument("--on-miss", default=None)
+    parser.add_argument("--report-to", default=None)
+    args = parser.parse_args()
+    policy = load_catalog(args.policy, policy_only=True).policy
+    decisions = farm_triton.configure(policy=policy, cache_directory=args.cache, report_to=args.report_to)
+
+    kernel = triton.autotune(configs=CONFIGS, key=["n"],
+                             prune_configs_by={"early_config_prune": farm_triton.decided(NAME, on_miss=args.on_miss)})(add_kernel)
+    x = torch.rand(args.n)
+    y = torch.rand(args.n)
+    out = torch.empty_like(x)
+    kernel[lambda meta: grid(meta, x, y, out, args.n)](x, y, out, args.n)
+    if decisions.reporter is not None:
+        decisions.reporter.flush(10.0)
+    print(json.dumps({"config": str(kernel.best_config), "correct": bool(torch.allclose(out, x + y)),
+                      **decisions.counts}))
+
+
+if __name__ == "__main__":
+    main()
