@@ -24,7 +24,7 @@ from farm.runtimes import ComputeClient, client_for
 from farm.stores import DecisionStore, LocalStore, open_fleet_source
 from farm_triton import identity
 from farm_triton.deps import import_torch, interpreted
-from farm_triton.operation import spec_from
+from farm_triton.operation import spec_from, spec_from_key
 from farm_triton.registry import Kernel
 
 log = logging.getLogger("farm_triton")
@@ -138,14 +138,15 @@ class Decisions:
     def key_of(self, problem: Problem, kernel: Kernel) -> str:
         return cache_key(problem, identity.candidates(kernel.configs, kernel.reference), 0, self.policy)
 
-    def report_miss(self, kernel: Kernel, found: Found, named: Mapping[str, Any] | None) -> None:
-        """Queue a miss report (operation, key values, dtypes; the spec ``farm tune --from-fleet`` tunes, when the
-        arguments are known); never blocks and never raises."""
+    def report_miss(self, kernel: Kernel, found: Found, named: Mapping[str, Any] | None,
+                    key: tuple[Any, ...] = ()) -> None:
+        """Queue a miss report: the operation, the key values and dtypes (the spec ``farm tune --from-fleet``
+        tunes, from the arguments by name or else from Triton's tuning ``key``); never blocks, never raises."""
         reporter = self.reporter
         if reporter is None:
             return
         try:
-            spec = spec_from(kernel.keys, named) if named is not None else None
+            spec = spec_from(kernel.keys, named) if named is not None else spec_from_key(kernel.keys, key)
             reporter.describe(found.problem, found.key, kernel.name, self.client().device_kind, spec)
             reporter("miss", found.key, found.problem, ())
         except Exception as e:  # feedback never fails a launch

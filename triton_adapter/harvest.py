@@ -2,6 +2,8 @@
 
 :func:`harvest` sets ``triton.knobs.autotuning.listener``, which Triton calls after its own autotuning chose a
 config (never on a launch whose config is cached, nor on the farm's decisions: one pruned config is not tuned).
+Triton 3.8 calls it on a GPU only: under ``TRITON_INTERPRET=1`` its listener call fails to find the
+``JITFunction`` (the interpreter has none).
 The listener only queues a report (the fleet reporter sends it from its own thread), so it adds nothing to a
 launch and little to the benchmark it follows.
 """
@@ -43,7 +45,7 @@ class Listener:
             base = getattr(fn, "fn", fn)
             kernel = Kernel(getattr(base, "__name__", "triton_kernel"), fn, tuple(timings), (), tuple(fn.arg_names))
         problem = decisions.problem_for_key(kernel, key)
-        decisions.report_miss(kernel, Found(None, decisions.key_of(problem, kernel), problem, "harvest"), None)
+        decisions.report_miss(kernel, Found(None, decisions.key_of(problem, kernel), problem, "harvest"), None, key)
         self.reported += 1
 
 

@@ -202,3 +202,13 @@ def spec_from(keys: Sequence[str], named: Mapping[str, Any]) -> dict[str, Any] |
     if dtype is not None:
         spec["dtype"] = str(dtype).removeprefix("torch.")
     return spec
+
+
+def spec_from_key(keys: Sequence[str], key: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The same spec as :func:`spec_from`, read from Triton's tuning key (key values, then dtype strings)."""
+    if len(key) < len(keys):
+        return None
+    spec = spec_from(keys, dict(zip(keys, key, strict=False)))
+    if spec is not None and len(key) > len(keys):
+        spec["dtype"] = str(key[len(keys)]).removeprefix("torch.")
+    return spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,21 @@ else:
     except ImportError as e:
         pytest.exit(f"the Triton tier needs torch and triton (python3 tools/dev.py test --triton): {e}", returncode=3)
     sys.path.insert(0, str(HERE))
+
+
+@pytest.fixture(scope="session")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A farm cache with the embedded farm's decision for farmtriton_add, n=4096 (tuned once per session)."""
+    from tier import tune_into
+
+    return tune_into(tmp_path_factory.mktemp("farm"))
+
+
+@pytest.fixture(autouse=True)
+def _unconfigured() -> Iterator[None]:
+    """Each test starts with farm_triton unconfigured (farm_triton.configure is process-wide)."""
+    from farm_triton import decisions
+
+    decisions._current = None
+    yield
+    decisions._current = None

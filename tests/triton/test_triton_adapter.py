@@ -1,0 +1,134 @@
+"""The adapter in one process: both ways in, what is in the key, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+from tier import records
+from triton_ops import CONFIGS, KEY, NAME, add_kernel, grid
+
+import farm_triton
+from farm.errors import ConfigError, TuneFailure
+from farm_coordinator.catalog import load_catalog
+from farm_triton import identity
+from farm_triton.registry import Kernel
+
+
+def launch(kernel, n: int) -> torch.Tensor:
+    x, y = torch.rand(n), torch.rand(n)
+    out = torch.empty_like(x)
+    kernel[lambda meta: grid(meta, x, y, out, n)](x, y, out, n)
+    assert torch.allclose(out, x + y)
+    return out
+
+
+def fail_benchmark(kernel_call, quantiles):
+    raise AssertionError("Triton ran a benchmark")
+
+
+def test_the_decorator_keeps_tritons_signature_and_serves_the_farms_config(tuned: Path) -> None:
+    farm_triton.configure(policy=load_catalog(tuned / "policy.toml", policy_only=True).policy,
+                          cache_directory=tuned / "cache")
+    kernel = farm_triton.autotune(configs=CONFIGS, key=KEY, name=NAME, do_bench=fail_benchmark)(add_kernel)
+    launch(kernel, 4096)
+    (record,) = records(tuned)
+    assert kernel.best_config is identity.served(record.index, CONFIGS)
+    assert farm_triton.current().counts == {"hits": 1, "misses": 0}
+
+
+def test_on_a_miss_the_decorator_leaves_tritons_own_autotuning_and_the_applications_pruning(tuned: Path) -> None:
+    farm_triton.configure(cache_directory=tuned / "cache")
+    timed: list[str] = []
+
+    def bench(kernel_call, quantiles):
+        timed.append("bench")
+        return [1.0, 1.0, 1.0]
+
+    def mine(configs, named_args, **kwargs):
+        return [configs[2], configs[3]]
+
+    kernel = farm_triton.autotune(configs=CONFIGS, key=KEY, name=NAME, do_bench=bench,
+                                  prune_configs_by={"early_config_prune": mine})(add_kernel)
+    launch(kernel, 777)
+    assert timed == ["bench", "bench"]  # Triton tuned the two configs the application's own pruning kept
+    assert farm_triton.current().counts == {"hits": 0, "misses": 1}
+
+
+def test_an_unconfigured_process_falls_back_to_the_first_config_when_asked() -> None:
+    kernel = triton.autotune(configs=CONFIGS, key=KEY, do_bench=fail_benchmark,
+                             prune_configs_by={"early_config_prune": farm_triton.decided(NAME, on_miss="first")})(add_kernel)
+    launch(kernel, 500)
+    assert kernel.best_config is CONFIGS[0]
+
+
+def kernel_with(configs=tuple(CONFIGS), fn=add_kernel, name=NAME) -> Kernel:
+    return Kernel(name, fn, tuple(configs), tuple(KEY), tuple(add_kernel.arg_names))
+
+
+@triton.jit
+def other_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: triton.language.constexpr):
+    pid = triton.language.program_id(0)
+    offsets = pid * BLOCK + triton.language.arange(0, BLOCK)
+    triton.language.store(out_ptr + offsets, triton.language.load(x_ptr + offsets), mask=offsets < n)
+
+
+@pytest.mark.parametrize("changed", [
+    kernel_with(configs=[*CONFIGS[:3], triton.Config({"BLOCK": 2048}, num_warps=4, num_stages=2)]),  # num_warps
+    kernel_with(configs=[*CONFIGS[:3], triton.Config({"BLOCK": 2048}, num_warps=8, num_stages=3)]),  # num_stages
+    kernel_with(configs=CONFIGS[:3]),  # the config list
+    kernel_with(fn=other_kernel),  # the kernel's source
+    kernel_with(name="another_name"),
+], ids=["num_warps", "num_stages", "config list", "kernel source", "operation name"])
+def test_whatever_makes_a_timing_stale_changes_the_operations_checksum(changed: Kernel) -> None:
+    base = kernel_with()
+    assert identity.checksum(base.name, base.fn, base.configs) != identity.checksum(changed.name, changed.fn, changed.configs)
+
+
+def test_another_triton_build_is_another_checksum(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = identity.checksum(NAME, add_kernel, CONFIGS)
+    monkeypatch.setattr(triton, "__version__", "0.0.0-other")
+    identity.backend_identity.cache_clear()
+    try:
+        assert identity.checksum(NAME, add_kernel, CONFIGS) != before
+    finally:
+        identity.backend_identity.cache_clear()
+
+
+def test_the_workload_is_tritons_own_tuning_key() -> None:
+    keys: list[tuple] = []
+    kernel = triton.autotune(configs=CONFIGS, key=KEY,
+                             prune_configs_by={"early_config_prune": lambda c, named, **kw: keys.append(tuple(named)) or [c[2]]})(add_kernel)
+    launch(kernel, 300)
+    (cached,) = kernel.cache  # the key Triton stored its config under
+    x = torch.rand(300)
+    named = {"x_ptr": x, "y_ptr": x, "out_ptr": x, "n": 300}
+    assert identity.tuning_key(KEY, add_kernel.arg_names, named) == cached
+    assert identity.workload(cached) != identity.workload((301, *cached[1:]))
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: farm_triton.decided(""), "name must be a non-empty string"),
+    (lambda: farm_triton.decided(NAME, on_miss="best"), "on_miss must be None or 'first'"),
+    (lambda: farm_triton.decided(NAME, reference=-1), "reference must be a config index"),
+    (lambda: farm_triton.decided(NAME)(CONFIGS, {}), "must be an early_config_prune of @triton.autotune"),
+])
+def test_bad_hook_arguments_are_invalid_input_naming_the_problem(call, message: str) -> None:
+    with pytest.raises(TuneFailure, match=message):
+        call()
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"outputs": ("nope",)}, "outputs"),
+    ({"configs": []}, "configs"),
+    ({"configs": [{"BLOCK": 4}]}, "configs"),
+    ({"reference": 9}, "reference"),
+])
+def test_a_bad_operation_is_a_config_error_naming_the_field(kw: dict, field: str) -> None:
+    args = {"configs": CONFIGS, "key": KEY, "grid": grid, "inputs": lambda s, d, g: (), "outputs": ("out_ptr",),
+            "reference": 0, **kw}
+    with pytest.raises(ConfigError) as e:
+        farm_triton.operation("farmtriton_bad", add_kernel, **args)
+    assert e.value.field == field
