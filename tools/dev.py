@@ -159,13 +159,20 @@ def test_triton(rest: list[str]) -> int:
     """The Triton tier: tests/triton in .venv-triton with Triton's interpreter (TRITON_INTERPRET=1, no GPU).
     ``-m gpu`` runs the device variants instead (without the interpreter)."""
     ensure_redis()
-    python = ensure_triton_venv()
-    run(str(python), "-c", "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)")
+    try:
+        python = ensure_triton_venv()
+        run(str(python), "-c", "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)")
+    except subprocess.CalledProcessError as e:
+        ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+        print(f"dev.py: the Triton tier's environment ({TRITON_VENV.name}) could not be built: {e}"
+              + ("" if ci else "; skipped (it fails under CI=true)"), flush=True)
+        return 1 if ci else 0
     gpu = any(a == "gpu" for a in rest)
-    env = dict(os.environ)
-    if not gpu:
+    env = dict(os.environ, FARM_TRITON_TIER="1")
+    env.pop("TRITON_INTERPRET", None)
+    if not gpu:  # the interpreter tier: the device variants need real compilation
         env["TRITON_INTERPRET"] = "1"
-    args = [a for a in rest if a.startswith("-") or a == "gpu"]
+    args = [a for a in rest if a.startswith("-") or a == "gpu"] + ([] if gpu else ["-m", "not gpu"])
     paths = [a for a in rest if not a.startswith("-") and a != "gpu"] or TRITON_TESTS
     return subprocess.call([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args, *paths], env=env)
 

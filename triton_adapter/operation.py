@@ -19,6 +19,7 @@ something else is a verdict (REJECTED), never a crash of the worker.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -48,6 +49,17 @@ def _host_view(value: Any) -> Any:
     return value
 
 
+def _farm_stream(args: Sequence[Any]) -> Any:
+    """On a CUDA worker, torch's stream for the farm client's current CuPy stream (what the trial activated,
+    fences and times with its events), so Triton launches where the farm measures; a null context on the CPU."""
+    if not any(getattr(getattr(a, "device", None), "type", None) == "cuda" for a in args):
+        return contextlib.nullcontext()
+    import cupy
+
+    torch = import_torch()
+    return torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr))
+
+
 class Launch:
     """One config of a kernel as a farm candidate: launches the kernel with the config's meta-parameters and
     launch options and returns the output arguments. (A class: its source is its code identity.)"""
@@ -61,7 +73,8 @@ class Launch:
 
     def __call__(self, *args: Any) -> Any:
         grid = self.grid(self.options, *args)
-        self.kernel[grid](*args, **self.options)
+        with _farm_stream(args):
+            self.kernel[grid](*args, **self.options)
         return _outputs(args, self.outputs)
 
 
@@ -73,7 +86,8 @@ class Expression:
         self.fn = fn
 
     def __call__(self, *args: Any) -> Any:
-        out = self.fn(*args)
+        with _farm_stream(args):
+            out = self.fn(*args)
         if isinstance(out, (tuple, list)):
             return tuple(_host_view(o) for o in out)
         return _host_view(out)
@@ -97,7 +111,8 @@ class TritonSet(TunableSet):
 
 
 def _clone(*args: Any) -> Inputs:
-    return tuple(a.clone() if hasattr(a, "clone") and hasattr(a, "dtype") else a for a in args)
+    with _farm_stream(args):
+        return tuple(a.clone() if hasattr(a, "clone") and hasattr(a, "dtype") else a for a in args)
 
 
 def operation(
@@ -174,6 +189,8 @@ def operation(
         generator = torch.Generator(device=device)
         generator.manual_seed(int(values["seed"]))
         args = tuple(inputs(values, device, generator))
+        if device == "cuda":  # built on torch's stream: complete before the farm's stream uses them
+            torch.cuda.synchronize()
         if check is not None:  # the reference config against the torch expression, once per workload
             expected = check(*_clone(*args))
             problem = compare_outputs(expected, baseline(*_clone(*args)), tolerance or Tolerance()).problem

@@ -35,14 +35,15 @@ def main() -> None:
     parser.add_argument("n", type=int)
     parser.add_argument("--on-miss", default=None)
     parser.add_argument("--report-to", default=None)
+    parser.add_argument("--device", default="cpu", help="where the tensors are (cuda: compiled, not interpreted)")
     args = parser.parse_args()
     policy = load_catalog(args.policy, policy_only=True).policy
     decisions = farm_triton.configure(policy=policy, cache_directory=args.cache, report_to=args.report_to)
 
     kernel = triton.autotune(configs=CONFIGS, key=["n"],
                              prune_configs_by={"early_config_prune": farm_triton.decided(NAME, on_miss=args.on_miss)})(add_kernel)
-    x = torch.rand(args.n)
-    y = torch.rand(args.n)
+    x = torch.rand(args.n, device=args.device)
+    y = torch.rand(args.n, device=args.device)
     out = torch.empty_like(x)
     kernel[lambda meta: grid(meta, x, y, out, args.n)](x, y, out, args.n)
     if decisions.reporter is not None:
