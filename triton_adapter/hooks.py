@@ -18,7 +18,7 @@ from farm.errors import TuneFailure
 from farm_triton import identity
 from farm_triton.decisions import current
 from farm_triton.deps import import_triton
-from farm_triton.registry import Kernel, remember
+from farm_triton.registry import Kernel, by_name, remember
 
 Prune = Callable[..., list[Any]]
 ON_MISS = (None, "first")
@@ -63,18 +63,38 @@ class Decided:
             known = self._kernels.get(id(configs))
         if known is not None and known[0] is configs:
             return known[1]
-        tuner = self.autotuner
-        if tuner is None:  # Triton's Autotuner.prune_configs calls the hook: its `self` is the autotuner
-            tuner = frame.f_locals.get("self") if frame is not None else None
-        if tuner is None or not hasattr(tuner, "keys") or not hasattr(tuner, "fn"):
-            raise TuneFailure.invalid(f"farm_triton.decided({self.name!r}) must be an early_config_prune of "
-                                      "@triton.autotune (prune_configs_by={'early_config_prune': ...})")
-        jit = identity.jit_function(tuner.fn)
-        kernel = Kernel(self.name, jit, tuple(configs), tuple(tuner.keys), tuple(jit.arg_names), self.reference)
+        kernel = self._bound(configs) or self._registered(configs) or self._from_caller(configs, frame)
+        if not 0 <= self.reference < len(configs):
+            raise TuneFailure.invalid(f"farm_triton.decided({self.name!r}): no config {self.reference} to be the reference")
         remember(kernel)
         with self._lock:
             self._kernels[id(configs)] = (configs, kernel)  # the list is held, so its id stays its own
         return kernel
+
+    def _kernel_of(self, tuner: Any, configs: Sequence[Any]) -> Kernel:
+        jit = identity.jit_function(tuner.fn)
+        return Kernel(self.name, jit, tuple(configs), tuple(tuner.keys), tuple(jit.arg_names), self.reference)
+
+    def _bound(self, configs: Sequence[Any]) -> Kernel | None:
+        return self._kernel_of(self.autotuner, configs) if self.autotuner is not None else None
+
+    def _registered(self, configs: Sequence[Any]) -> Kernel | None:
+        """The operation of this name, when this process loaded it with the same configs (no frame needed)."""
+        known = by_name(self.name)
+        if known is None or list(map(identity.config_text, known.configs)) != list(map(identity.config_text, configs)):
+            return None
+        return Kernel(self.name, known.fn, tuple(configs), known.keys, known.arg_names, self.reference)
+
+    def _from_caller(self, configs: Sequence[Any], frame: Any) -> Kernel:
+        """The kernel of the autotuner calling the hook: Triton's ``Autotuner.prune_configs`` (its ``self``) or
+        torch's ``do_prune_configs`` under ``torch.compile`` (its ``autotuner``)."""
+        found = frame.f_locals if frame is not None else {}
+        tuner = next((t for t in (found.get("self"), found.get("autotuner"))
+                      if t is not None and hasattr(t, "keys") and hasattr(t, "fn")), None)
+        if tuner is None:
+            raise TuneFailure.invalid(f"farm_triton.decided({self.name!r}) must be an early_config_prune of "
+                                      "@triton.autotune (prune_configs_by={'early_config_prune': ...})")
+        return self._kernel_of(tuner, configs)
 
 
 def decided(name: str, *, on_miss: str | None = None, reference: int = 0) -> Decided:

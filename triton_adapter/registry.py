@@ -23,12 +23,14 @@ class Kernel:
 
 _lock = threading.Lock()
 _by_function: dict[int, tuple[Any, Kernel]] = {}
+_by_name: dict[str, Kernel] = {}
 
 
 def remember(kernel: Kernel) -> None:
     """Record the name of ``kernel.fn`` (the listener reports a self-tuned function under this name)."""
     with _lock:
         _by_function[id(kernel.fn)] = (kernel.fn, kernel)  # the function is held, so its id stays its own
+        _by_name[kernel.name] = kernel
 
 
 def named(fn: Any) -> Kernel | None:
@@ -36,3 +38,9 @@ def named(fn: Any) -> Kernel | None:
     with _lock:
         found = _by_function.get(id(fn))
     return found[1] if found is not None and found[0] is fn else None
+
+
+def by_name(name: str) -> Kernel | None:
+    """The kernel last recorded under the operation name ``name``, or None."""
+    with _lock:
+        return _by_name.get(name)

@@ -14,7 +14,7 @@ import json
 import torch
 import triton
 from triton.runtime.autotuner import Autotuner
-from triton_ops import CONFIGS, NAME, add_kernel, grid
+from triton_kernels import CONFIGS, NAME, add_kernel, grid
 
 import farm_triton
 from farm_coordinator.catalog import load_catalog

@@ -113,7 +113,8 @@ def test_the_workload_is_tritons_own_tuning_key() -> None:
     (lambda: farm_triton.decided(""), "name must be a non-empty string"),
     (lambda: farm_triton.decided(NAME, on_miss="best"), "on_miss must be None or 'first'"),
     (lambda: farm_triton.decided(NAME, reference=-1), "reference must be a config index"),
-    (lambda: farm_triton.decided(NAME)(CONFIGS, {}), "must be an early_config_prune of @triton.autotune"),
+    (lambda: farm_triton.decided("farmtriton_unknown")(CONFIGS, {}), "must be an early_config_prune of @triton.autotune"),
+    (lambda: farm_triton.decided(NAME, reference=9)(CONFIGS, {}), "no config 9 to be the reference"),
 ])
 def test_bad_hook_arguments_are_invalid_input_naming_the_problem(call, message: str) -> None:
     with pytest.raises(TuneFailure, match=message):
@@ -132,3 +133,13 @@ def test_a_bad_operation_is_a_config_error_naming_the_field(kw: dict, field: str
     with pytest.raises(ConfigError) as e:
         farm_triton.operation("farmtriton_bad", add_kernel, **args)
     assert e.value.field == field
+
+
+def test_a_hook_called_outside_tritons_autotuner_finds_an_operation_this_process_loaded(tuned: Path) -> None:
+    # torch.compile calls early_config_prune from its own code: an operation loaded here names the kernel.
+    farm_triton.configure(policy=load_catalog(tuned / "policy.toml", policy_only=True).policy,
+                          cache_directory=tuned / "cache")
+    x = torch.rand(4096)
+    (record,) = records(tuned)
+    chosen = farm_triton.decided(NAME)(CONFIGS, {"x_ptr": x, "y_ptr": x, "out_ptr": x, "n": 4096})
+    assert chosen == [identity.served(record.index, CONFIGS)]
