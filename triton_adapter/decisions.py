@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from farm.adapter import stack_autotuner
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.feedback import FleetReporter
 from farm.identity import OperationKey, Problem, Scope, cache_key
@@ -45,7 +46,8 @@ class Decisions:
     ``policy`` must be the farm's (its accuracy settings are in the cache key; the default matches a catalog
     without a ``[policy]`` table). ``cache_directory``: a farm cache directory (``farm tune --cache-dir``);
     ``fleet``: further tiers (Redis URLs, archive directories, stores); ``report_to``: a Redis URL for miss
-    reports (``farm tune --from-fleet`` tunes them); ``device``: the client whose fingerprint applies (default:
+    reports (``farm tune --from-fleet`` tunes them; default: the reporter of ``farm.enable_stack_autotune``'s
+    ``report_to`` when one is installed); ``device``: the client whose fingerprint applies (default:
     ``cpu:0`` under ``TRITON_INTERPRET=1``, else torch's current CUDA device)."""
 
     def __init__(self, policy: StackPolicy | None = None, cache_directory: Path | str | None = None,
@@ -58,7 +60,7 @@ class Decisions:
             stores.append(LocalStore(cache_directory, self.policy.capacity, self.policy.ttl))
         stores.extend(open_fleet_source(f) for f in fleet)
         self.stores = tuple(stores)
-        self.reporter = FleetReporter(report_to) if report_to is not None else None
+        self.reporter = FleetReporter(report_to) if report_to is not None else _installed_reporter()
         self._device = device
         self._client: ComputeClient | None = None
         self._checksums: dict[tuple[str, int, int], tuple[str, Any, Any]] = {}
@@ -151,6 +153,14 @@ class Decisions:
             reporter("miss", found.key, found.problem, ())
         except Exception as e:  # feedback never fails a launch
             log.debug("farm_triton: miss not reported: %s", e)
+
+
+def _installed_reporter() -> FleetReporter | None:
+    """The fleet reporter of the process's controller (``farm.enable_stack_autotune(report_to=...)``), if any:
+    one stream and one sender thread for the farm's own misses and Triton's."""
+    tuner = stack_autotuner()
+    feedback = tuner.feedback if tuner is not None else None
+    return feedback if isinstance(feedback, FleetReporter) else None
 
 
 _current: Decisions | None = None

@@ -64,3 +64,26 @@ def test_a_kernel_a_process_tuned_itself_is_harvested_as_a_miss(redis_srv) -> No
     entries, untunable = planned(client, url)
     assert untunable == {}
     assert [(e.operation, e.spec) for e in entries] == [("farmtriton_add", {"n": 2000, "dtype": "float32"})]
+
+
+def test_without_report_to_the_misses_go_through_the_farm_controllers_reporter(tuned: Path, redis_srv) -> None:
+    import torch
+    import triton
+    from triton_ops import CONFIGS, KEY, NAME, add_kernel, grid
+
+    import farm
+
+    client = redis_srv.client(1)
+    client.flushall()
+    url = redis_srv.url(1)
+    tuner = farm.enable_stack_autotune(farm.StackPolicy(), report_to=url)
+    decisions = farm_triton.configure(cache_directory=tuned / "cache")
+    assert decisions.reporter is tuner.feedback
+    kernel = triton.autotune(configs=CONFIGS, key=KEY,
+                             prune_configs_by={"early_config_prune": farm_triton.decided(NAME, on_miss="first")})(add_kernel)
+    x = torch.rand(640)
+    out = torch.empty_like(x)
+    kernel[lambda meta: grid(meta, x, x, out, 640)](x, x, out, 640)
+    assert tuner.feedback.flush(10.0)
+    entries, untunable = planned(client, url)
+    assert untunable == {} and [e.spec for e in entries] == [{"n": 640, "dtype": "float32"}]
