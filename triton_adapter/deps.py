@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -11,25 +12,26 @@ INSTALL = ("farm_triton needs torch and triton: `pip install torch` (it brings t
            "the project's Triton tier installs them with `python3 tools/dev.py test --triton`")
 
 
-def import_triton() -> ModuleType:
-    """The ``triton`` module; UNAVAILABLE with the install line when it (or torch) is missing."""
+def _require(*names: str) -> ModuleType:
+    """The last of ``names``, each imported in order; UNAVAILABLE with the install line when one is missing."""
+    module: ModuleType | None = None
     try:
-        import torch  # noqa: F401  (triton's launchers take torch tensors)
-        import triton
+        for name in names:
+            module = importlib.import_module(name)
     except ImportError as e:
         raise TuneFailure.unavailable(f"{INSTALL} ({e})") from e
-    module: ModuleType = triton
+    assert module is not None
     return module
+
+
+def import_triton() -> ModuleType:
+    """The ``triton`` module (torch first: triton's launchers take torch tensors)."""
+    return _require("torch", "triton")
 
 
 def import_torch() -> ModuleType:
-    """The ``torch`` module; UNAVAILABLE with the install line when it is missing."""
-    try:
-        import torch
-    except ImportError as e:
-        raise TuneFailure.unavailable(f"{INSTALL} ({e})") from e
-    module: ModuleType = torch
-    return module
+    """The ``torch`` module."""
+    return _require("torch")
 
 
 def interpreted() -> bool:

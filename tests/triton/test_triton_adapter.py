@@ -143,3 +143,11 @@ def test_a_hook_called_outside_tritons_autotuner_finds_an_operation_this_process
     (record,) = records(tuned)
     chosen = farm_triton.decided(NAME)(CONFIGS, {"x_ptr": x, "y_ptr": x, "out_ptr": x, "n": 4096})
     assert chosen == [identity.served(record.index, CONFIGS)]
+
+
+def test_a_space_is_every_combination_in_a_fixed_order() -> None:
+    configs = farm_triton.space({"BLOCK": [32, 64]}, num_warps=[1, 2], num_stages=[1])
+    assert [(c.kwargs, c.num_warps, c.num_stages) for c in configs] == [
+        ({"BLOCK": 32}, 1, 1), ({"BLOCK": 32}, 2, 1), ({"BLOCK": 64}, 1, 1), ({"BLOCK": 64}, 2, 1)]
+    with pytest.raises(TuneFailure, match="num_warps must be a non-empty list"):
+        farm_triton.space({"BLOCK": [32]}, num_warps=[])
