@@ -19,6 +19,9 @@ POLICY = """
 samples = 5
 max_relative_mad = 5.0
 """
+# A fleet's workers stop a group task past FARM_VISIBILITY_TIMEOUT (tests: 15 s): a smaller budget per problem
+# (not part of the cache key, so the applications' POLICY still matches).
+FLEET_POLICY = POLICY + "budget = 3.0\n"
 CATALOG = POLICY + """
 [[problems]]
 operation = "farmtriton_add"
@@ -43,11 +46,13 @@ def farm_tune(directory: Path, *extra: str, interpret: bool = True) -> subproces
                           capture_output=True, text=True, env=env(interpret), cwd=directory, timeout=600)
 
 
-def app(directory: Path, n: int, *extra: str, interpret: bool = True) -> dict[str, object]:
+def app(directory: Path, n: int, *extra: str, interpret: bool = True,
+        environ: dict[str, str] | None = None) -> dict[str, object]:
     """tests/triton/app_add.py for ``n`` elements against ``directory/cache``: its JSON line."""
     done = subprocess.run([sys.executable, str(HERE / "app_add.py"), str(directory / "policy.toml"),
                            str(directory / "cache"), str(n), *extra],
-                          capture_output=True, text=True, env=env(interpret), cwd=directory, timeout=300)
+                          capture_output=True, text=True, env={**env(interpret), **(environ or {})}, cwd=directory,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
