@@ -132,10 +132,14 @@ class Decisions:
                     and (record.verified or not self.policy.require_validation)
                 )
                 if usable:
-                    self.counts["hits"] += 1
+                    self._count("hits")
                     return Found(record.index, key, problem, type(store).__name__)
-        self.counts["misses"] += 1
+        self._count("misses")
         return Found(None, key, problem, "miss")
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
 
     def key_of(self, problem: Problem, kernel: Kernel) -> str:
         return cache_key(problem, identity.candidates(kernel.configs, kernel.reference), 0, self.policy)
