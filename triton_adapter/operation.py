@@ -7,7 +7,7 @@
         "vector_add", add_kernel,                       # @farm_triton.autotune / @triton.autotune, or a bare @triton.jit
         grid=lambda meta, x, y, out, n: (triton.cdiv(n, meta["BLOCK"]),),
         inputs=lambda spec, device, gen: make_tensors(spec, device, gen),
-        outputs=("out",), reference=lambda x, y, out, n: x + y,
+        outputs=("out_ptr",), reference=lambda x, y, out, n: x + y,
         fields=(dim("n"),), dtypes=("float32",),
     )]
 
@@ -70,10 +70,13 @@ class Launch:
         self.grid = grid
         self.names = tuple(names)
         self.outputs = tuple(outputs)
+        self.pre_hook = config.pre_hook
 
     def __call__(self, *args: Any) -> Any:
         grid = self.grid(self.options, *args)
         with _farm_stream(args):
+            if self.pre_hook is not None:  # as Triton's autotuner calls it: the arguments by name and the options
+                self.pre_hook({**dict(zip(self.names, args, strict=False)), **self.options})
             self.kernel[grid](*args, **self.options)
         return _outputs(args, self.outputs)
 

@@ -151,3 +151,19 @@ def test_a_space_is_every_combination_in_a_fixed_order() -> None:
         ({"BLOCK": 32}, 1, 1), ({"BLOCK": 32}, 2, 1), ({"BLOCK": 64}, 1, 1), ({"BLOCK": 64}, 2, 1)]
     with pytest.raises(TuneFailure, match="num_warps must be a non-empty list"):
         farm_triton.space({"BLOCK": [32]}, num_warps=[])
+
+
+def test_on_the_farm_a_configs_pre_hook_runs_before_its_launch_with_the_arguments_by_name() -> None:
+    from triton_kernels import make
+
+    import farm
+    from farm_kernels import dim
+
+    seen: list[list[str]] = []
+    config = triton.Config({"BLOCK": 1024}, num_warps=4, pre_hook=lambda named: seen.append(sorted(named)))
+    op = farm_triton.operation("farmtriton_hooked", add_kernel, configs=[config], key=KEY, grid=grid, inputs=make,
+                               outputs=("out_ptr",), reference=0, fields=(dim("n"),))
+    inputs = op.build({"n": 100, "dtype": "float32"}, farm.HostClient(0))
+    out = op.host[0].fn(*inputs)
+    assert seen == [sorted(["x_ptr", "y_ptr", "out_ptr", "n", *config.all_kwargs()])]
+    assert (out == (inputs[0] + inputs[1]).numpy()).all()
