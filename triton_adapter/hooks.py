@@ -9,6 +9,7 @@ the miss to the fleet.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from farm_triton.decisions import current
 from farm_triton.deps import import_triton
 from farm_triton.registry import Kernel, by_name, remember
 
+log = logging.getLogger("farm_triton")
 Prune = Callable[..., list[Any]]
 ON_MISS = (None, "first")
 
@@ -27,11 +29,12 @@ ON_MISS = (None, "first")
 class Decided:
     """An ``early_config_prune`` hook serving the farm's decision for the kernel ``name``.
 
-    Triton calls it as ``fn(configs, named_args, **kwargs)`` once per new tuning key. It finds the kernel from
-    the calling autotuner (or the one it was bound to by :func:`autotune`). ``reference``: the index of the config
-    the farm used as its reference (default 0, as :func:`farm_triton.operation`; it is part of the cache key).
-    ``then``: the application's own pruning, applied on a
-    miss."""
+    Triton calls it as ``fn(configs, named_args, **kwargs)`` once per new tuning key. It names the kernel by the
+    autotuner :func:`autotune` bound it to, else an operation of this name loaded in the process, else the
+    calling autotuner. ``reference``: the index of the config the farm used as its reference (default 0, as
+    :func:`farm_triton.operation`; it is part of the cache key). ``then``: the application's own pruning, applied
+    on a miss. A lookup that fails (no environment probe, a broken tier) is a logged miss: the adapter never
+    fails a launch that Triton alone would run."""
 
     def __init__(self, name: str, on_miss: str | None = None, reference: int = 0,
                  then: Prune | None = None) -> None:
@@ -50,10 +53,15 @@ class Decided:
         kernel = self._kernel(configs, sys._getframe(1))
         named = {**named_args, **kwargs}
         decisions = current()
-        found = decisions.lookup(kernel, named)
-        if found.index is not None:
+        try:
+            found = decisions.lookup(kernel, named)
+        except Exception as e:
+            log.warning("farm_triton: no farm decision for %s (%s: %s): Triton's own choice", self.name, type(e).__name__, e)
+            found = None
+        if found is not None and found.index is not None:
             return [identity.served(found.index, configs, self.reference)]
-        decisions.report_miss(kernel, found, named)
+        if found is not None:
+            decisions.report_miss(kernel, found, named)
         if self.on_miss == "first":
             return [configs[0]]
         return list(self.then(configs, named_args, **kwargs)) if self.then is not None else list(configs)

@@ -167,3 +167,13 @@ def test_on_the_farm_a_configs_pre_hook_runs_before_its_launch_with_the_argument
     out = op.host[0].fn(*inputs)
     assert seen == [sorted(["x_ptr", "y_ptr", "out_ptr", "n", *config.all_kwargs()])]
     assert (out == (inputs[0] + inputs[1]).numpy()).all()
+
+
+def test_a_lookup_that_fails_leaves_the_launch_to_triton(caplog: pytest.LogCaptureFixture) -> None:
+    decisions = farm_triton.configure(device="cuda:7")  # no such device here: the environment probe fails
+    kernel = farm_triton.autotune(configs=CONFIGS, key=KEY, name=NAME, on_miss="first", do_bench=fail_benchmark)(add_kernel)
+    with caplog.at_level("WARNING", logger="farm_triton"):
+        launch(kernel, 200)
+    assert kernel.best_config is CONFIGS[0]
+    assert decisions.counts == {"hits": 0, "misses": 0}  # no lookup completed
+    assert f"no farm decision for {NAME}" in caplog.text
