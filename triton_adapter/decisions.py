@@ -79,6 +79,7 @@ class Decisions:
         return self._client
 
     def environment(self) -> RuntimeEnvironment:
+        """The environment of :meth:`client` (its fingerprint is in every key)."""
         return runtime_environment(self.client())
 
     def operation_key(self, kernel: Kernel) -> str:
@@ -142,6 +143,7 @@ class Decisions:
             self.counts[name] += 1
 
     def key_of(self, problem: Problem, kernel: Kernel) -> str:
+        """The cache key of ``problem`` with ``kernel``'s candidates, as a farm worker computes it."""
         return cache_key(problem, identity.candidates(kernel.configs, kernel.reference), 0, self.policy)
 
     def report_miss(self, kernel: Kernel, found: Found, named: Mapping[str, Any] | None,
