@@ -66,6 +66,7 @@ class Decisions:
         self._checksums: dict[tuple[str, int, int], tuple[str, Any, Any]] = {}
         self._lock = threading.Lock()
         self.counts = {"hits": 0, "misses": 0}
+        self.tuner: object = None  # the controller these decisions were derived from (current())
 
     # -- identity ---------------------------------------------------------------------------------------------
 
@@ -185,12 +186,23 @@ def configure(policy: StackPolicy | None = None, cache_directory: Path | str | N
     return built
 
 
+_derived: Decisions | None = None  # without configure(): from the installed controller, or no tiers
+
+
 def current() -> Decisions:
-    """The configured decisions; without :func:`configure`, one with no tiers (every launch is a miss)."""
-    global _current
+    """The configured decisions. Without :func:`configure`: the tiers, policy and reporter of the process's farm
+    controller (``farm.enable_stack_autotune``) when one is installed, else none (every launch is a miss)."""
+    global _derived
+    tuner = stack_autotuner()
     with _current_lock:
-        if _current is None:
-            log.info("farm_triton: not configured (farm_triton.configure): every kernel falls back to Triton")
-            _current = Decisions()
-        return _current
+        if _current is not None:
+            return _current
+        if _derived is None or _derived.tuner is not tuner:
+            if tuner is None:
+                log.info("farm_triton: not configured (farm_triton.configure): every kernel falls back to Triton")
+                _derived = Decisions()
+            else:
+                _derived = Decisions(tuner.policy, fleet=tuner.stored_tiers)
+            _derived.tuner = tuner
+        return _derived
 

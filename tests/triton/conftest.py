@@ -37,6 +37,6 @@ def _unconfigured() -> Iterator[None]:
     """Each test starts with farm_triton unconfigured (farm_triton.configure is process-wide)."""
     from farm_triton import decisions
 
-    decisions._current = None
+    decisions._current = decisions._derived = None
     yield
-    decisions._current = None
+    decisions._current = decisions._derived = None

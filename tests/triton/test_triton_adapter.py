@@ -177,3 +177,16 @@ def test_a_lookup_that_fails_leaves_the_launch_to_triton(caplog: pytest.LogCaptu
     assert kernel.best_config is CONFIGS[0]
     assert decisions.counts == {"hits": 0, "misses": 0}  # no lookup completed
     assert f"no farm decision for {NAME}" in caplog.text
+
+
+def test_without_configure_the_farm_controllers_tiers_and_policy_serve_the_kernel(tuned: Path) -> None:
+    import farm
+
+    farm.enable_stack_autotune(load_catalog(tuned / "policy.toml", policy_only=True).policy,
+                               cache_directory=tuned / "cache")
+    kernel = triton.autotune(configs=CONFIGS, key=KEY, do_bench=fail_benchmark,
+                             prune_configs_by={"early_config_prune": farm_triton.decided(NAME)})(add_kernel)
+    launch(kernel, 4096)
+    (record,) = records(tuned)
+    assert kernel.best_config is identity.served(record.index, CONFIGS)
+    assert farm_triton.current().counts == {"hits": 1, "misses": 0}
