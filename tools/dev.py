@@ -3,7 +3,9 @@
 
 ``python3 tools/dev.py test --lowest [pytest args]`` runs the floors job instead: a second environment
 (``.venv-lowest``) with every direct dependency pinned to the floor pyproject.toml declares, and the tests in
-``LOWEST_TESTS`` (or the given ones) run in it.
+``LOWEST_TESTS`` (or the given ones) run in it. ``python3 tools/dev.py test --triton [pytest args]`` runs the
+Triton tier: ``.venv-triton`` (torch and triton, built once) and ``tests/triton`` under Triton's interpreter
+(``-m gpu``: the device variants, compiled).
 
 Needs only Python 3.11+ and the system package manager: it creates ``.venv``, installs the farm with its
 development extras, installs ``redis-server`` with apt-get when tests need it and it is missing, then runs.
@@ -279,7 +281,7 @@ def main(argv: list[str]) -> int:
         for script in sorted((ROOT / "bench").glob("*.py")):
             code |= subprocess.call([str(BIN / "python"), str(script), *rest])
         return code
-    sys.exit(f"dev.py: unknown command {command!r} (demo, test, test --lowest, lock, bench, gpu-check)")
+    sys.exit(f"dev.py: unknown command {command!r} (demo, test, test --lowest, test --triton, lock, bench, gpu-check)")
 
 
 if __name__ == "__main__":
