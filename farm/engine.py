@@ -101,11 +101,6 @@ class StackTuner:
     def policy(self) -> StackPolicy:
         return self._policy
 
-    @property
-    def stored_tiers(self) -> tuple[DecisionStore, ...]:
-        """The persistent tiers in lookup order, the disk cache then the fleet's (adapters read them too)."""
-        return ((self._disk,) if self._disk is not None else ()) + self._fleet
-
     # -- requests -----------------------------------------------------------------------------------------------
 
     def request(

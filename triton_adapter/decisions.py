@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from farm.adapter import stack_autotuner
+from farm.adapter import stack_autotuner, stored_tiers
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.feedback import FleetReporter
 from farm.identity import OperationKey, Problem, Scope, cache_key
@@ -202,7 +202,7 @@ def current() -> Decisions:
                 log.info("farm_triton: not configured (farm_triton.configure): every kernel falls back to Triton")
                 _derived = Decisions()
             else:
-                _derived = Decisions(tuner.policy, fleet=tuner.stored_tiers)
+                _derived = Decisions(tuner.policy, fleet=stored_tiers(tuner))
             _derived.tuner = tuner
         return _derived
 
