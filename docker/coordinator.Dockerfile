@@ -35,6 +35,7 @@ COPY workers /src/workers
 COPY coordinator /src/coordinator
 COPY fleet /src/fleet
 COPY cli /src/cli
+COPY triton_adapter /src/triton_adapter
 RUN python3 -m pip install --no-deps --no-build-isolation /src \
     && rm -rf /src \
     && python3 -m pip check \

@@ -61,6 +61,13 @@ def stack_autotuner() -> StackTuner | None:
     return _global
 
 
+def stored_tiers(tuner: StackTuner) -> tuple[DecisionStore, ...]:
+    """A controller's persistent tiers in lookup order, its disk cache then the fleet's: for adapters that serve
+    its decisions without trials (farm_triton)."""
+    disk = tuner._disk  # the controller's own stores: read-only use, same package
+    return ((disk,) if disk is not None else ()) + tuner._fleet
+
+
 def _uninstall_for_tests() -> None:
     global _global
     with _global_lock:

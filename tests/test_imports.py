@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> installed import name (pyproject.toml, [tool.setuptools.package-dir])
 PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "workers": "farm_workers",
-            "coordinator": "farm_coordinator", "cli": "farm_cli"}
+            "coordinator": "farm_coordinator", "cli": "farm_cli", "triton_adapter": "farm_triton"}
 FORBIDDEN_IN_CORE = ("farm_coordinator", "farm_workers", "farm_fleet", "farm_cli", "celery", "kombu", "flower")
 BARE = ("kernels", "workers", "coordinator", "fleet", "cli")
 MAX_LINES = 400

@@ -3,7 +3,9 @@
 
 ``python3 tools/dev.py test --lowest [pytest args]`` runs the floors job instead: a second environment
 (``.venv-lowest``) with every direct dependency pinned to the floor pyproject.toml declares, and the tests in
-``LOWEST_TESTS`` (or the given ones) run in it.
+``LOWEST_TESTS`` (or the given ones) run in it. ``python3 tools/dev.py test --triton [pytest args]`` runs the
+Triton tier: ``.venv-triton`` (torch and triton, built once) and ``tests/triton`` under Triton's interpreter
+(``-m gpu``: the device variants, compiled).
 
 Needs only Python 3.11+ and the system package manager: it creates ``.venv``, installs the farm with its
 development extras, installs ``redis-server`` with apt-get when tests need it and it is missing, then runs.
@@ -128,6 +130,58 @@ def test_lowest(rest: list[str]) -> int:
     return subprocess.call([str(python), "-m", "pytest", *args, *paths])
 
 
+# -- the Triton tier (issue 25): torch + triton in their own cached environment -------------------------------
+
+TRITON_VENV = ROOT / ".venv-triton"
+# torch pins the triton it was built with; the tier installs exactly these (about 5.4 GB, once).
+TRITON_REQUIREMENTS = ("torch==2.14.1",)
+TRITON_TESTS = ["tests/triton"]
+
+
+def ensure_triton_venv() -> Path:
+    """.venv-triton with torch, the triton torch wants and the project (editable, with its dev extras).
+    Built once: a stamp records the requirements and pyproject.toml; torch itself is reinstalled only when
+    TRITON_REQUIREMENTS change."""
+    python = TRITON_VENV / "bin" / "python"
+    torch_stamp = TRITON_VENV / ".torch-installed"
+    stamp = TRITON_VENV / ".installed"
+    wanted_torch = " ".join(TRITON_REQUIREMENTS)
+    packages = " ".join(sorted(p.parent.name for p in ROOT.glob("*/__init__.py")))
+    wanted = f"{(ROOT / 'pyproject.toml').stat().st_mtime_ns} {packages}"
+    if not python.exists():
+        run(sys.executable, "-m", "venv", str(TRITON_VENV))
+    if not torch_stamp.exists() or torch_stamp.read_text() != wanted_torch:
+        run(str(python), "-m", "pip", "install", "-q", "--upgrade", "pip")
+        run(str(python), "-m", "pip", "install", "-q", *TRITON_REQUIREMENTS)
+        torch_stamp.write_text(wanted_torch)
+    if not stamp.exists() or stamp.read_text() != wanted:
+        run(str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]")
+        stamp.write_text(wanted)
+    return python
+
+
+def test_triton(rest: list[str]) -> int:
+    """The Triton tier: tests/triton in .venv-triton with Triton's interpreter (TRITON_INTERPRET=1, no GPU).
+    ``-m gpu`` runs the device variants instead (without the interpreter)."""
+    ensure_redis()
+    try:
+        python = ensure_triton_venv()
+        run(str(python), "-c", "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)")
+    except subprocess.CalledProcessError as e:
+        ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+        print(f"dev.py: the Triton tier's environment ({TRITON_VENV.name}) could not be built: {e}"
+              + ("" if ci else "; skipped (it fails under CI=true)"), flush=True)
+        return 1 if ci else 0
+    gpu = any(a == "gpu" for a in rest)
+    env = dict(os.environ, FARM_TRITON_TIER="1")
+    env.pop("TRITON_INTERPRET", None)
+    if not gpu:  # the interpreter tier: the device variants need real compilation
+        env["TRITON_INTERPRET"] = "1"
+    args = [a for a in rest if a.startswith("-") or a == "gpu"] + ([] if gpu else ["-m", "not gpu"])
+    paths = [a for a in rest if not a.startswith("-") and a != "gpu"] or TRITON_TESTS
+    return subprocess.call([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args, *paths], env=env)
+
+
 # -- lock files of the images (issue 14) -----------------------------------------------------------------------
 
 LOCKS = {"farm.lock": ("farm",), "cuda.lock": ("farm", "cuda"), "cuda13.lock": ("farm", "cuda13")}
@@ -153,7 +207,7 @@ def lock() -> int:
 
 # The folders and the import names they install as (pyproject.toml [tool.setuptools.package-dir]).
 PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "workers": "farm_workers",
-            "coordinator": "farm_coordinator", "cli": "farm_cli"}
+            "coordinator": "farm_coordinator", "cli": "farm_cli", "triton_adapter": "farm_triton"}
 
 
 def typecheck() -> None:
@@ -212,6 +266,8 @@ def main(argv: list[str]) -> int:
     os.chdir(ROOT)
     if command == "test" and "--lowest" in rest:
         return test_lowest([a for a in rest if a != "--lowest"])
+    if command == "test" and "--triton" in rest:
+        return test_triton([a for a in rest if a != "--triton"])
     ensure_venv()
     if command == "demo":
         return subprocess.call([str(BIN / "farm"), "tune", "examples/catalog.toml", *rest])
@@ -228,7 +284,7 @@ def main(argv: list[str]) -> int:
         for script in sorted((ROOT / "bench").glob("*.py")):
             code |= subprocess.call([str(BIN / "python"), str(script), *rest])
         return code
-    sys.exit(f"dev.py: unknown command {command!r} (demo, test, test --lowest, lock, bench, gpu-check)")
+    sys.exit(f"dev.py: unknown command {command!r} (demo, test, test --lowest, test --triton, lock, bench, gpu-check)")
 
 
 if __name__ == "__main__":

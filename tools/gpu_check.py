@@ -8,7 +8,10 @@ Parts, each under its own time limit (``--dry-run`` prints them), all within ``T
    ``cupy-cuda12x``; a folder ``.gpu-wheels/`` of wheels is used instead of an index when present: a GPU machine
    without one gets it from ``--prepare-wheels 3.12`` run on a machine with one); ``redis-server`` from the PATH or
    apt-get.
-2. **pytest**: ``pytest -m gpu`` over the test files that have GPU tests (JUnit XML kept).
+2. **pytest**: ``pytest -m gpu`` over the test files that have GPU tests (JUnit XML kept), and the Triton tier's
+   (``tests/triton``: a kernel compiled for the device, tuned by the embedded farm on ``cuda:0`` and served to
+   ``@triton.autotune`` with no benchmark) when ``.venv-gpu`` has torch and triton (a GPU image's, through the
+   system site packages).
 3. **bench**: ``bench/gpu.py``: trial overhead of END_TO_END and DEVICE timing against CUDA-event kernel time, and
    the winners by shape of the five operations with their ratios to the CuPy/cuBLAS references.
 4. **farm** (``tools/gpu_farm.py``): a private redis-server, one ``farm worker --device cuda:0``, ``farm tune`` of
@@ -67,6 +70,14 @@ def gpu_test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.gpu" in p.read_text(encoding="utf-8"))
 
 
+def triton_tier() -> list[str]:
+    """``tests/triton`` when the GPU environment has torch and triton (the Triton tier), else nothing."""
+    if not VPY.exists():
+        return []
+    probe = subprocess.run([str(VPY), "-c", "import torch, triton"], capture_output=True, timeout=120)
+    return ["tests/triton"] if probe.returncode == 0 else []
+
+
 def plan(out: Path) -> list[tuple[str, float, list[str]]]:
     """(part, seconds allowed, what it runs) for --dry-run and the summary."""
     from gpu_farm import FARM_POLICY
@@ -78,7 +89,7 @@ def plan(out: Path) -> list[tuple[str, float, list[str]]]:
             f"{py} -m pip install --no-build-isolation --no-deps -e {ROOT}",
             f"{py} -m pip install [--no-index --find-links {WHEELS}] <missing of: {', '.join(NEEDS.values())}>",
             "apt-get install -y redis-server  (if redis-server is not on the PATH)"]),
-        ("pytest", LIMITS["pytest"], [f"{py} -m pytest -m gpu -q --timeout 75 --junitxml {out}/pytest.xml {' '.join(gpu_test_files())}"]),
+        ("pytest", LIMITS["pytest"], [f"{py} -m pytest -m gpu -q --timeout 75 --junitxml {out}/pytest.xml {' '.join(gpu_test_files())} [tests/triton with FARM_TRITON_TIER=1, when {py} has torch and triton]"]),
         ("bench", LIMITS["bench"], [f"{py} bench/gpu.py --require-device --out {out}/bench --deadline {LIMITS['bench'] - 25:.0f}"]),
         ("farm", LIMITS["farm"], [
             f"redis-server --port <free> --bind 127.0.0.1 --dir {out}/farm (private)",
@@ -320,12 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cmd = {
                 "pytest": [str(VPY), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "--timeout", "75", "--junitxml",
-                           str(out / "pytest.xml"), *gpu_test_files()],
+                           str(out / "pytest.xml"), *gpu_test_files(), *triton_tier()],
                 "bench": [str(VPY), "bench/gpu.py", "--require-device", "--out", str(out / "bench"), "--deadline", f"{max(10.0, deadline - begin - 25):.0f}"],
                 "farm": [str(VPY), str(Path(__file__).resolve()), "--out", str(out / "farm"), "--python", str(VPY),
                          "--farm-part", f"{deadline - begin - 10:.0f}"],
             }[part.name]
-            code, why = run_limited(cmd, log, deadline, env)
+            code, why = run_limited(cmd, log, deadline, {**env, "FARM_TRITON_TIER": "1"} if part.name == "pytest" else env)
             part.status = why or ("ok" if code == 0 else f"failed (rc {code})")
             if part.name == "pytest":
                 part.status, part.note = junit_verdict(out / "pytest.xml", part.status)
