@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from farm.errors import IllegalTransition
+from farm_fleet.errors import IllegalTransition
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.plan import Problem
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from farm.errors import RunInterrupted
+from farm_fleet.errors import RunInterrupted
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.catalog import Workload
 from farm_coordinator.plan import Problem, Target

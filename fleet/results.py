@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from farm.errors import StoreUnavailable
 from farm_fleet import presence
+from farm_fleet.errors import StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult
 from farm_fleet.settings import Settings
 

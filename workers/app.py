@@ -24,14 +24,14 @@ from typing import Any
 from celery import Celery, Task, signals
 from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExceeded
 
-from farm.errors import StoreUnavailable
 from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
+from farm_fleet.errors import DeviceQuarantined, StoreUnavailable
 from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupResult, GroupTask, ProtocolError
 from farm_fleet.results import RedisResults, Runner
 from farm_fleet.settings import Settings
-from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
+from farm_workers.tasks import WorkerContext, run_groups
 
 DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
 WORKER_ID_VARIABLE = "FARM_WORKER_ID"

@@ -20,7 +20,6 @@ from farm.environment import farm_version, runtime_environment
 from farm.errors import (
     ConfigError,
     DeviceBusy,
-    DeviceQuarantined,
     FailureKind,
     ProtocolError,
     TuneFailure,
@@ -31,6 +30,7 @@ from farm.policy import StackPolicy, Tolerance
 from farm.runtimes.base import ComputeClient
 from farm.search import search
 from farm.trials import Validation
+from farm_fleet.errors import DeviceQuarantined
 from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask
 from farm_fleet.results import MemoryResults, RedisResults, Runner
 from farm_fleet.settings import Settings
