@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from farm_fleet.errors import RunInterrupted
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.catalog import Workload
 from farm_coordinator.plan import Problem, Target
+from farm_fleet.errors import RunInterrupted
 from farm_fleet.protocol import GroupResult, GroupTask
 
 if TYPE_CHECKING:  # types only: these modules import nothing of the run

@@ -21,17 +21,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
+from farm.decisions import Decision, DecisionSource, Stats, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
+from farm.runner import TrialRunner, Validation
 from farm.scoring import valid_seconds
 from farm.search import admit, search
 from farm.stores import open_fleet_source
 from farm.stores.base import DecisionRecord, DecisionStore
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
-from farm.trials import CandidateReport, Validation, decide, reference_noise
+from farm.trials import CandidateReport, decide, reference_noise
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ from farm.errors import (
 )
 from farm.identity import Candidate, cache_key
 from farm.policy import StackPolicy, Tolerance
+from farm.runner import Validation
 from farm.runtimes.base import ComputeClient
 from farm.search import search
-from farm.trials import Validation
 from farm_fleet.errors import DeviceQuarantined
 from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask
 from farm_fleet.results import MemoryResults, RedisResults, Runner
