@@ -29,7 +29,7 @@ from farm.runner import TrialRunner, Validation
 from farm.scoring import valid_seconds
 from farm.search import admit, search
 from farm.stores import open_fleet_source
-from farm.stores.base import DecisionRecord, DecisionStore
+from farm.stores.base import DecisionRecord, DecisionStore, read_record
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 from farm.trials import CandidateReport, decide, reference_noise
@@ -238,7 +238,7 @@ class StackTuner:
         self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
     ) -> Decision | None:
         policy = self._policy
-        found = self._tier(f"read {source.value}", lambda: (store.get(req.key),))
+        found = self._tier(f"read {source.value}", lambda: (read_record(store, req.problem.environment, req.key),))
         if found is None:  # an unreachable tier or a corrupt record is a miss, never an error on the caller's path
             return None
         record = found[0]

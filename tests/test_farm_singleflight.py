@@ -109,7 +109,7 @@ def deliver(f, worker: presence.WorkerInfo, delivery: str) -> None:
     from farm_fleet.celeryconf import celery_config
 
     policy = StackPolicy(samples=3, warmups=1, budget=2.0, max_relative_mad=1.0).to_dict()
-    task = GroupTask(*GATED, "farmtest_gate", "cpu", {"n": 1000, "dtype": "float64"},
+    task = GroupTask(GATED.run, GATED.problem_id, GATED.group, "farmtest_gate", "cpu", {"n": 1000, "dtype": "float64"},
                      (("waits_for_the_gate", "1"),), policy, worker.fingerprint, ("farm_testops",))
     app = Celery("claims", set_as_current=False)
     app.conf.update(celery_config(f.settings))
