@@ -37,7 +37,7 @@ from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progre
 from farm_coordinator.sinks import Sink
 from farm_fleet.errors import RunInterrupted, StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
-from farm_fleet.results import transient
+from farm_fleet.retry import transient
 from farm_fleet.settings import Settings
 
 __all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]

@@ -18,9 +18,8 @@ no longer exists, a worker that no longer serves (stale heartbeat, another incar
 taken a later claim (it runs one group at a time: its release of this one was lost, as in an outage). This
 rests on one pool process per worker id, as ``farm worker`` starts it.
 
-A store outage is retried with exponential back-off for ``settings.store_retry_seconds`` (:func:`retrying`);
-past that :class:`StoreUnavailable` says so, and the caller decides (a worker leaves the task to be redelivered,
-the coordinator waits and carries on).
+A store outage is retried for ``settings.store_retry_seconds`` (``farm_fleet.retry``); past that the caller
+decides (a worker leaves the task to be redelivered, the coordinator waits and carries on).
 """
 
 from __future__ import annotations
@@ -36,42 +35,12 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from farm_fleet import presence
-from farm_fleet.errors import StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupKey, GroupResult
+from farm_fleet.retry import retrying
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def transient(error: BaseException) -> bool:
-    """Whether ``error`` is a connection-level failure worth retrying (redis-py, kombu or the socket layer)."""
-    if isinstance(error, (ConnectionError, TimeoutError)):
-        return True
-    name = type(error).__name__
-    module = type(error).__module__
-    if module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"):
-        return True
-    return module.startswith(("kombu", "amqp")) and name in ("OperationalError", "ConnectionError",
-                                                             "RecoverableConnectionError")
-
-
-def retrying(call: Callable[[], T], seconds: float, what: str = "Redis") -> T:
-    """Run ``call``, retrying transient failures with exponential back-off (0.1 s doubling, at most 2 s) for up
-    to ``seconds``; then raise StoreUnavailable from the last failure."""
-    deadline = time.monotonic() + seconds
-    pause = 0.1
-    while True:
-        try:
-            return call()
-        except Exception as e:
-            if not transient(e):
-                raise
-            if time.monotonic() + pause > deadline:
-                raise StoreUnavailable(f"{what} unreachable for {seconds:g}s: {e}") from e
-            log.warning("%s unreachable (%s); retrying in %.1fs", what, e, pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
 
 
 @dataclass(frozen=True)
