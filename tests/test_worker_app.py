@@ -40,3 +40,20 @@ def test_a_task_signal_acts_for_the_app_of_its_task(monkeypatch) -> None:
     worker_app._idle(sender=SimpleNamespace(app=second))
     worker_app._busy(sender=SimpleNamespace(app=Celery("other", set_as_current=False)))
     assert seen == [("first", "busy"), ("second", "healthy")]
+
+
+def test_a_new_pool_process_releases_orphans_with_the_settings_of_the_app_it_serves(monkeypatch) -> None:
+    from celery import _state
+
+    import farm_workers.app as worker_app
+
+    released: list[str] = []
+    monkeypatch.setattr(FarmWorker, "release_orphan", lambda self: released.append(self.settings.prefix))
+    served, created_last = create_app(settings("served")), create_app(settings("created-last"))
+    previous = _state.get_current_app()
+    served.set_current()  # as Celery does in a pool process before worker_process_init
+    try:
+        worker_app._release_orphan()
+    finally:
+        previous.set_current()
+    assert released == ["served"] and farm_worker(created_last) is not None
