@@ -66,9 +66,9 @@ def main() -> None:
         worker = start_worker("cpu:0", redis.url(0), redis.url(1), directory, env, kernels=("bench_ops",))
         try:
             wait_worker_ready(worker, redis.client(1), settings.prefix)
-            from farm_cli import _celery_parts
+            from farm_cli import celery_parts
 
-            parts = _celery_parts(settings)
+            parts = celery_parts(settings)
             fleet, dispatcher = parts["fleet"], parts["dispatcher"]
             quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
 

@@ -62,7 +62,7 @@ def child(mode: str, catalog: Path, target: str) -> None:
 
     from rich.console import Console
 
-    from farm_cli import _celery_parts, _embedded_parts
+    from farm_cli import celery_parts, embedded_parts
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
     from farm_fleet.settings import Settings
@@ -70,11 +70,11 @@ def child(mode: str, catalog: Path, target: str) -> None:
     cat = load_catalog(catalog, ("bench_ops",))
     if mode == "embedded":
         settings = Settings.from_env()
-        parts = _embedded_parts(settings, ("cpu:0",), Path(target), ("bench_ops",))
+        parts = embedded_parts(settings, ("cpu:0",), Path(target), ("bench_ops",))
     else:
         broker, redis_url = target.split(" ")
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
-        parts = _celery_parts(settings)
+        parts = celery_parts(settings)
     summary = tune(cat, settings=settings, console=Console(file=io.StringIO()), **parts)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"published": summary.published, "wall": summary.wall_seconds, "rss_mb": rss}))

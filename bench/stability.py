@@ -135,10 +135,10 @@ def main() -> None:
         try:
             for w in workers:
                 wait_worker_ready(w, redis.client(1), settings.prefix)
-            from farm_cli import _celery_parts, _embedded_parts
+            from farm_cli import celery_parts, embedded_parts
 
             farm_fingerprints = sorted(redis.client(1).hgetall(settings.fingerprints_key))
-            on_farm = tune(catalog, settings=settings, console=quiet, force=True, **_celery_parts(settings))
+            on_farm = tune(catalog, settings=settings, console=quiet, force=True, **celery_parts(settings))
         finally:
             for w in workers:
                 w.stop()
@@ -147,7 +147,7 @@ def main() -> None:
         regime = limit_threads(1)
         digest = runtime_environment(HostClient(0)).digest
         local = Settings.from_env(env)
-        parts = _embedded_parts(local, ("cpu:0",), directory / "cache", ())
+        parts = embedded_parts(local, ("cpu:0",), directory / "cache", ())
         embedded = tune(catalog, settings=local, console=quiet, force=True, **parts)
 
     rows = compare(outcomes(on_farm), outcomes(embedded))

@@ -19,7 +19,7 @@ import click
 from farm.errors import FarmError
 from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS_SCHEMES, check_url, errors
 from farm_cli.logs import LEVELS, setup_logging
-from farm_cli.parts import _celery_parts, _embedded_parts, reachable
+from farm_cli.parts import Parts, celery_parts, embedded_parts, reachable
 from farm_fleet.settings import Settings
 
 if TYPE_CHECKING:  # types only
@@ -118,14 +118,13 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
     from farm_cli.progress import LogProgress, TerminalProgress
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import new_run_id
-    from farm_coordinator.run import tune as run_tune
 
     setup_logging(loglevel, log_json)
     run_id = run_id or new_run_id()
     stderr = Console(stderr=True)
     progress: ProgressHook = TerminalProgress(stderr) if stderr.is_terminal and not log_json else LogProgress()
     again = f"rerun `farm tune {catalog}` with the same options (add --run {run_id} to continue this run)"
-    parts: dict[str, Any] = {}
+    parts: Parts | None = None
     with errors(interrupted_hint=f"{again}: finished groups are reused and published decisions are kept"):
         try:
             settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
@@ -136,26 +135,26 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                 raise click.UsageError("--from-fleet tunes for the fleet: give --broker and --redis (or FARM_BROKER_URL "
                                        "and FARM_REDIS_URL)")
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
-            parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
-            if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
+            parts = celery_parts(settings) if broker else embedded_parts(settings, devices, cache_dir, kernels)
+            if parts.runlog is not None:  # a fleet run: count into the farm's metrics (farm metrics serves them)
                 from farm_coordinator.metrics import RunMetrics
 
-                progress = RunMetrics(parts["runlog"].client, settings, progress)
+                progress = RunMetrics(parts.runlog.client, settings, progress)
             if from_fleet:
                 from farm_cli.feedback import from_fleet as tune_fleet_reports
 
-                tune_fleet_reports(catalog, settings, parts, kernels, run_tune, progress, run_id, timeout, as_json)
+                tune_fleet_reports(catalog, settings, parts, kernels, progress, run_id, timeout, as_json)
                 return
             assert cat is not None
-            summary = run_tune(cat, settings=settings, run=run_id, force=force, fingerprint=fingerprint,
-                               timeout=timeout, progress=progress, **parts)
+            summary = parts.tune(cat, settings, run=run_id, force=force, fingerprint=fingerprint, timeout=timeout,
+                                 progress=progress)
         except BaseException as e:
             interrupted = isinstance(e, KeyboardInterrupt) or getattr(e, "exit_code", None) == 130
             _abandon(parts, run_id, progress, "interrupted" if interrupted else "failed")
             raise
-        rows = report.rows(summary, parts["sink"])  # the records are read back from the sink
+        rows = report.rows(summary, parts.sink)  # the records are read back from the sink
         if as_json:
-            for piece in report.as_json(summary, rows, parts["sink"]):
+            for piece in report.as_json(summary, rows, parts.sink):
                 click.echo(piece, nl=False)
             click.echo()
     failed = report.failures(rows)
@@ -175,9 +174,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
         sys.exit(EXIT_FAILED)
 
 
-def _abandon(parts: dict[str, Any], run_id: str, progress: Any, state: str) -> None:
+def _abandon(parts: Parts | None, run_id: str, progress: Any, state: str) -> None:
     """Best effort: record the run as not running any more, so `farm status` does not show it running."""
-    runlog = parts.get("runlog")
+    runlog = parts.runlog if parts is not None else None
     if runlog is None:
         return
     try:
@@ -334,4 +333,4 @@ main.add_command(_archive.archive)
 if __name__ == "__main__":
     main()
 
-__all__ = ["EXIT_INTERRUPTED", "_celery_parts", "_embedded_parts", "main"]
+__all__ = ["EXIT_INTERRUPTED", "Parts", "celery_parts", "embedded_parts", "main"]

@@ -12,11 +12,12 @@ import click
 
 from farm.errors import FarmError
 from farm_cli.errors import EXIT_FAILED
+from farm_cli.parts import Parts
 from farm_fleet.settings import Settings
 
 
-def from_fleet(catalog: Path | None, settings: Settings, parts: dict[str, Any], kernels: tuple[str, ...],
-               run_tune: Any, progress: Any, run_id: str, timeout: float | None, as_json: bool) -> None:
+def from_fleet(catalog: Path | None, settings: Settings, parts: Parts, kernels: tuple[str, ...], progress: Any,
+               run_id: str, timeout: float | None, as_json: bool) -> None:
     """Run the fleet's reports as catalogs. CATALOG, when given, supplies only the [policy]."""
     from farm.policy import StackPolicy
     from farm.stores.redis import connect
@@ -32,8 +33,8 @@ def from_fleet(catalog: Path | None, settings: Settings, parts: dict[str, Any], 
     def run(cat: Any, fingerprint: str, force: bool) -> Any:
         nonlocal runs
         runs += 1
-        return run_tune(cat, settings=settings, run=run_id_for(run_id, force, runs), force=force, fingerprint=fingerprint,
-                        timeout=timeout, progress=progress, **parts)
+        return parts.tune(cat, settings, run=run_id_for(run_id, force, runs), force=force, fingerprint=fingerprint,
+                          timeout=timeout, progress=progress)
 
     result = tune_from_fleet(client, settings, policy, run, kernels)
     rows = [{"operation": e.operation, "workload": workload_label(e.operation, e.spec), "device_kind": e.device_kind,

@@ -2,11 +2,53 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from farm.errors import FarmError
 from farm_fleet.settings import Settings
+
+if TYPE_CHECKING:  # types only: the parts are imported where they are built
+    from farm_coordinator.catalog import Catalog
+    from farm_coordinator.dispatch import Dispatcher
+    from farm_coordinator.ports import Bans
+    from farm_coordinator.run import Fleet, Leases, Results, RunSummary
+    from farm_coordinator.runlog import RedisRunLog
+    from farm_coordinator.sinks import Sink
+
+__all__ = ["Parts", "celery_parts", "embedded_parts", "reachable"]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What ``farm_coordinator.run.tune`` runs on besides the catalog and the settings. A Celery fleet has every
+    part; the embedded farm has no leases, shared results, run log or bans (None)."""
+
+    fleet: Fleet
+    dispatcher: Dispatcher
+    sink: Sink
+    leases: Leases | None = None
+    results: Results | None = None
+    runlog: RedisRunLog | None = None
+    bans: Bans | None = None
+
+    def keys(self) -> list[str]:
+        """The parts this farm has (the fields not None): with :meth:`__getitem__`, ``tune(catalog,
+        settings=settings, **parts)`` passes them as keyword arguments."""
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+    def __getitem__(self, name: str) -> object:
+        if name not in self.keys():
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def tune(self, catalog: Catalog, settings: Settings, **options: Any) -> RunSummary:
+        """``farm_coordinator.run.tune`` on these parts; ``options`` are its keyword options (run, force, ...)."""
+        from farm_coordinator.run import tune
+
+        return tune(catalog, self.fleet, self.dispatcher, self.sink, settings, leases=self.leases,
+                    results=self.results, runlog=self.runlog, bans=self.bans, **options)
 
 
 def reachable(settings: Settings) -> None:
@@ -35,8 +77,8 @@ def reachable(settings: Settings) -> None:
         app.close()
 
 
-def _celery_parts(settings: Settings) -> dict[str, Any]:
-    """The coordinator's parts for a Celery fleet: keyword arguments of ``farm_coordinator.run.tune``."""
+def celery_parts(settings: Settings) -> Parts:
+    """The coordinator's parts for a Celery fleet (broker and Redis from ``settings``, checked reachable)."""
     from celery import Celery
 
     from farm.stores.redis import RedisDecisions, connect
@@ -56,19 +98,18 @@ def _celery_parts(settings: Settings) -> dict[str, Any]:
     app.conf.update(celery_config(settings))
     client = connect(settings.redis_url, timeout=10.0)
     results = RedisResults(client, settings)
-    return {
-        "fleet": RedisFleet(client, settings),
-        "dispatcher": CeleryDispatcher(app, results, settings),
-        "sink": RedisSink(RedisDecisions(client=client, settings=settings)),
-        "leases": RedisLeases(client, settings),
-        "results": results,
-        "runlog": RedisRunLog(client, settings),
-        "bans": RedisBans(client, settings),
-    }
+    return Parts(
+        fleet=RedisFleet(client, settings),
+        dispatcher=CeleryDispatcher(app, results, settings),
+        sink=RedisSink(RedisDecisions(client=client, settings=settings)),
+        leases=RedisLeases(client, settings),
+        results=results,
+        runlog=RedisRunLog(client, settings),
+        bans=RedisBans(client, settings),
+    )
 
 
-def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path,
-                    kernels: tuple[str, ...]) -> dict[str, Any]:
+def embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path, kernels: tuple[str, ...]) -> Parts:
     """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
     from farm.runtimes import client_for
     from farm_coordinator.dispatch import LocalDispatcher
@@ -91,7 +132,7 @@ def _embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Pat
         # The coordinator has the result now and, in this process, never sends a group twice (nothing is lost
         # here, and no other coordinator shares these leases): the workers' store need not keep it, so a long run
         # holds no result it has handled.
-        results.discard([(task.run, task.problem_id, task.group)])
+        results.discard([task.key])
         return result
 
-    return {"fleet": fleet, "dispatcher": LocalDispatcher(execute), "sink": DirectorySink(cache_dir)}
+    return Parts(fleet=fleet, dispatcher=LocalDispatcher(execute), sink=DirectorySink(cache_dir))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,26 @@ DEVICE_KINDS = ("cpu", "cuda")
 
 @dataclass(frozen=True)
 class Workload:
-    """One (operation, workload spec) of the catalog; ``where`` locates it in the file for messages."""
+    """One (operation, workload spec) of the catalog; ``where`` locates it in the file for messages. ``spec`` is
+    the spec as written (labels, reports); :attr:`normalized` is it with every default filled in."""
 
     operation: str
     devices: tuple[str, ...]
     spec: dict[str, Any]
     where: str
+    filled: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The normalized spec, when the maker has it (a catalog normalizes every workload once, at load)."""
+
+    @cached_property
+    def normalized(self) -> dict[str, Any]:
+        """The spec with every default filled in: what identifies the problem (``seed = 0`` spelled out or left
+        out is one problem) and what its group tasks carry to the workers. A workload made without it (by hand,
+        from a fleet report) is normalized here, once."""
+        if self.filled is not None:
+            return self.filled
+        from farm_kernels import registry
+
+        return registry.get(self.operation).normalize(self.spec, self.where)
 
 
 @dataclass(frozen=True)
@@ -133,5 +148,5 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
                 if identity in seen:
                     raise ConfigError(source, at, spec, f"duplicates {seen[identity]} on {kind}")
                 seen[identity] = at
-            workloads.append(Workload(name, kinds, dict(spec), at))
+            workloads.append(Workload(name, kinds, dict(spec), at, filled=normalized))
     return Catalog(source, policy, tuple(workloads), tuple(kernels))

@@ -22,6 +22,7 @@ from farm_coordinator.machine import ACTIVE, State, Tracked
 from farm_coordinator.plan import Planner, Problem, Target
 from farm_coordinator.ports import REUSED, Settled
 from farm_coordinator.runview import CONFIRM_GROUP
+from farm_fleet.protocol import GroupKey
 from farm_fleet.results import reusable
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ class Claims:
             self.wait_interval = 0.5 if progressed else min(self.wait_interval * 2, max(0.5, run.settings.lease_ttl / 3))
         for t in run.board.members(State.CONFIRMING):
             if t.confirmer is not None and not run.fleet.alive(*t.confirmer):
-                run.dispatcher.forget([(t.round or "", t.pid, CONFIRM_GROUP)])
+                run.dispatcher.forget([GroupKey(t.round or "", t.pid, CONFIRM_GROUP)])
                 run.conclude(unconfirmed(t.problem.confirmation, run.policy,
                                          f"unconfirmed: confirming worker {t.confirmer[0]} went away"))
 
@@ -175,6 +176,6 @@ class Claims:
         """Another coordinator holds the problem now: stop working on it (its queued tasks are skipped)."""
         self.run.console.log(f"lost the lease of problem {t.pid}; stopped working on it")
         self.run.dispatcher.forget([task_key(task) for task in t.problem.tasks]
-                                   + [(t.round or "", t.pid, CONFIRM_GROUP)])
+                                   + [GroupKey(t.round or "", t.pid, CONFIRM_GROUP)])
         self.run.board.move(t.pid, State.WAITING, "lease lost")
         self.elsewhere[t.pid] = None

@@ -21,18 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from farm_fleet.protocol import GROUP_TASK, GroupResult, GroupTask
+from farm_fleet.protocol import GROUP_TASK, GroupKey, GroupResult, GroupTask
 from farm_fleet.results import RedisResults
 from farm_fleet.settings import Settings
 
 if TYPE_CHECKING:  # types only
     from celery import Celery
 
-Key = tuple[str, str, str]
+Key = GroupKey  # the one (run, problem, group) key: farm_fleet.protocol.GroupKey
 
 
-def task_key(task: GroupTask) -> Key:
-    return (task.run, task.problem_id, task.group)
+def task_key(task: GroupTask) -> GroupKey:
+    """The key a task's group is tracked and stored under."""
+    return task.key
 
 
 class Dispatcher(Protocol):

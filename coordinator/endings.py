@@ -6,11 +6,11 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from farm.errors import StoreUnavailable
 from farm_coordinator.aggregate import unconfirmed
 from farm_coordinator.machine import ACTIVE, State
 from farm_coordinator.ports import run_interrupted
-from farm_fleet.results import transient
+from farm_fleet.errors import StoreUnavailable
+from farm_fleet.retry import transient
 
 if TYPE_CHECKING:
     from farm_coordinator.ports import RunState

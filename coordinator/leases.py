@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from farm_fleet.results import retrying
+from farm_fleet.retry import retrying
 from farm_fleet.settings import Settings
 
 # Take a free lease with the next token of the problem's fence counter; return the lease value or false.

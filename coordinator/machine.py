@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from farm.errors import IllegalTransition
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.plan import Problem
+from farm_fleet.errors import IllegalTransition
 
 
 class State(StrEnum):

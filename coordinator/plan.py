@@ -120,13 +120,11 @@ class Planner:
         return found
 
     def problem_id(self, target: Target, workload: Workload) -> str:
-        """The id covers the spec with its defaults filled in: ``seed = 0`` spelled out, or a fleet report's spec
-        rebuilt from inputs, is the same problem (decided once, banned once) as the spec that leaves them out."""
-        from farm_kernels import registry
-
-        spec = registry.get(workload.operation).normalize(workload.spec, self.catalog.path)
+        """The id covers the spec with its defaults filled in (normalized once, at catalog load): ``seed = 0``
+        spelled out, or a fleet report's spec rebuilt from inputs, is the same problem (decided once, banned once)
+        as the spec that leaves them out."""
         return problem_id(target.digest, workload.operation, target.device_kind,
-                          self.groups(target, workload).checksum, spec, self.accuracy)
+                          self.groups(target, workload).checksum, workload.normalized, self.accuracy)
 
     def problem(self, target: Target, workload: Workload, pid: str | None = None) -> Problem:
         """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already)."""
@@ -135,7 +133,7 @@ class Planner:
         banned = self.bans.get(target.digest, {}).get(pid)
         if banned:
             planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned)
-        tasks = [GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.spec, candidates,
+        tasks = [GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
                            self.policy_dict, target.digest, self.catalog.kernels) for group, candidates in planned.groups]
         return Problem(pid, target, workload, tasks, list(planned.refused))
 

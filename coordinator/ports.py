@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from farm.errors import RunInterrupted
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.catalog import Workload
 from farm_coordinator.plan import Problem, Target
-from farm_fleet.protocol import GroupResult, GroupTask
+from farm_fleet.errors import RunInterrupted
+from farm_fleet.protocol import GroupKey, GroupResult, GroupTask
 
 if TYPE_CHECKING:  # types only: these modules import nothing of the run
     from rich.console import Console
@@ -63,9 +63,9 @@ class Leases(Protocol):
 
 
 class Results(Protocol):
-    def get_many(self, keys: list[tuple[str, str, str]]) -> list[GroupResult | None]: ...
+    def get_many(self, keys: list[GroupKey]) -> list[GroupResult | None]: ...
 
-    def discard(self, keys: list[tuple[str, str, str]]) -> None: ...
+    def discard(self, keys: list[GroupKey]) -> None: ...
 
 
 class RunLog(Protocol):

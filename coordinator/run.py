@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from rich.console import Console
 
-from farm.errors import FarmError, RunInterrupted, StoreUnavailable
+from farm.errors import FarmError
 from farm.stores.base import Publication
 from farm_coordinator.aggregate import Aggregate, aggregate, confirm, trial_rows, unconfirmed
 from farm_coordinator.catalog import Catalog
@@ -35,8 +35,9 @@ from farm_coordinator.plan import Planner, Problem, batch_size, in_flight_limit,
 from farm_coordinator.ports import Bans, Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.sinks import Sink
+from farm_fleet.errors import RunInterrupted, StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
-from farm_fleet.results import transient
+from farm_fleet.retry import transient
 from farm_fleet.settings import Settings
 
 __all__ = ["Fleet", "Leases", "Results", "RunEvent", "RunInterrupted", "RunSummary", "summary_table", "tune"]

@@ -93,8 +93,9 @@ def complete(client: ComputeClient) -> None:
 
 
 class RuntimeTrials:
-    """A :class:`TrialRunner` over a tunable set on a real client. ``indices`` maps the controller's candidate
-    positions to the set's implementations. ``last_check`` keeps the latest output comparison (errors seen)."""
+    """A :class:`~farm.runner.TrialRunner` over a tunable set on a real client, with both optional capabilities
+    (``farm.runner``): ``last_check`` keeps the latest output comparison (errors seen), ``throttle_probe`` asks
+    NVML on a CUDA client. ``indices`` maps the controller's candidate positions to the set's implementations."""
 
     def __init__(self, client: ComputeClient, tunable: TunableSet, inputs: Inputs, indices: Sequence[int], timing: Timing) -> None:
         self.client = client
@@ -103,7 +104,7 @@ class RuntimeTrials:
         self.indices = indices
         self.timing = timing
         self.last_check: OutputCheck | None = None
-        self.throttle_probe = nvml_throttle_probe(client)  # read by the trial protocol's interference probe
+        self.throttle_probe: Callable[[], bool] | None = nvml_throttle_probe(client)
 
     def _run(self, index: int, inputs: Inputs) -> Any:
         fn = self.tunable[index].fn

@@ -25,12 +25,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
-from farm.decisions import Decision, DecisionSource, NearestDecision, TrialRunner
+from farm.decisions import Decision, DecisionSource, NearestDecision
 from farm.errors import DeviceBusy, FailureKind, TuneFailure
 from farm.identity import fits_workspace
 from farm.nearest import NearestHit, NearestQuery, nearest_first, query_of
 from farm.policy import StackPolicy
-from farm.trials import Validation
+from farm.runner import TrialRunner, Validation
 
 log = logging.getLogger(__name__)
 

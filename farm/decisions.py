@@ -1,5 +1,6 @@
 """What a selection returns and reports: the decision, its source, the controller's counters and search reports,
-the trial-runner port, and the marker of a running trial (a nested selection gets the reference).
+and the marker of a running trial (a nested selection gets the reference). The trial-runner port is
+``farm.runner``.
 
 Types only (no controller state): ``farm.engine`` re-exports them.
 """
@@ -11,10 +12,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
-from farm.policy import Tolerance
-from farm.trials import CandidateReport, Validation
+from farm.trials import CandidateReport
 
 
 class DecisionSource(enum.Enum):
@@ -58,19 +58,6 @@ class NearestDecision(Decision):
         self = super().__new__(cls, *decision)
         self.origin, self.distance, self.origin_key = origin, distance, origin_key
         return self
-
-
-class TrialRunner(Protocol):
-    """Runs fenced, exclusive trials of candidates (indices into the candidate list given to ``select``).
-
-    ``validate`` compares a fresh run of ``candidate`` with a fresh run of ``reference``: PASSED, UNSUPPORTED
-    (cannot be checked, e.g. readback above ``tolerance.max_bytes``), or raises TuneFailure REJECTED for a wrong
-    output or an error, DEVICE for a completion failure. ``measure`` returns completed-work seconds (> 0).
-    """
-
-    def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation: ...
-
-    def measure(self, candidate: int) -> float: ...
 
 
 @dataclass(frozen=True)

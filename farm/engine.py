@@ -13,7 +13,6 @@ or a test fake) and stored decisions come from injected stores. The selection or
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections import OrderedDict, deque
@@ -22,18 +21,20 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from farm.borrowing import Borrowing
-from farm.decisions import Decision, DecisionSource, Stats, TrialRunner, TuneReport, is_tuning, tuning_scope
+from farm.decisions import Decision, DecisionSource, Stats, TuneReport, is_tuning, tuning_scope
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
+from farm.regression import RegressionWindows
 from farm.roster import Roster
+from farm.runner import TrialRunner, Validation
 from farm.scoring import valid_seconds
 from farm.spacesearch import decided, search_report, searched
 from farm.stores import open_fleet_source
-from farm.stores.base import DecisionRecord, DecisionStore
+from farm.stores.base import DecisionRecord, DecisionStore, read_record
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
-from farm.trials import CandidateReport, Validation, decide, reference_noise
+from farm.trials import CandidateReport, decide, reference_noise
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class StackTuner:
         self._quarantined: set[str] = set()
         self._tuning_keys: set[str] = set()
         self._tuning_lanes: set[str] = set()
-        self._windows: OrderedDict[str, deque[float]] = OrderedDict()
+        self._windows = RegressionWindows(policy.regression_pairs, policy.capacity)
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
         self._borrowing = Borrowing(policy.capacity)  # misses served by a nearest decision (farm.borrowing)
@@ -241,7 +242,7 @@ class StackTuner:
         self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
     ) -> Decision | None:
         policy = self._policy
-        found = self._tier(f"read {source.value}", lambda: (store.get(req.key),))
+        found = self._tier(f"read {source.value}", lambda: (read_record(store, req.problem.environment, req.key),))
         if found is None:  # an unreachable tier or a corrupt record is a miss, never an error on the caller's path
             return None
         record = found[0]
@@ -348,7 +349,7 @@ class StackTuner:
         with self._lock:
             self._forget(decision.cache_key)
             self._borrowing.forget(decision.cache_key)
-            self._windows.pop(decision.cache_key, None)
+            self._windows.forget(decision.cache_key)
             if ban_candidate and decision.index != decision.reference_index:
                 self._banned.add((decision.cache_key, decision.name))
             self._counters["invalidations"] += 1
@@ -369,16 +370,9 @@ class StackTuner:
                                       f"got ({reference_seconds!r}, {selected_seconds!r})")
         if not correctness_checked or decision.index == decision.reference_index or decision.source not in _STORED_SOURCES:
             return False
-        policy = self._policy
         with self._lock:
-            window = self._windows.get(decision.cache_key)
-            if window is None:
-                window = self._windows[decision.cache_key] = deque(maxlen=policy.regression_pairs)
-                if len(self._windows) > policy.capacity:
-                    self._windows.popitem(last=False)
-            window.append(selected_seconds / reference_seconds)
-            median = statistics.median(window) if len(window) == policy.regression_pairs else 0.0
-            regressed = median > policy.regression_ratio
+            median = self._windows.observe(decision.cache_key, selected_seconds / reference_seconds)
+            regressed = median > self._policy.regression_ratio
         if regressed:
             self.invalidate(decision, True)
             if self.feedback is not None and self._fleet:

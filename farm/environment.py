@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from farm.encoding import split_fields
@@ -47,6 +47,7 @@ class RuntimeEnvironment:
         return fingerprint_digest(self.fingerprint)
 
 
+@lru_cache(maxsize=4096)  # a store names a fingerprint's keys on every lookup
 def fingerprint_digest(fingerprint: str) -> str:
     """A short stable name for a fingerprint (queue names, archive folders): 16 hex digits of its sha256."""
     return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]

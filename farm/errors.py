@@ -2,23 +2,26 @@
 
 ```
 FarmError
-├── TuneFailure (kind: FailureKind)   a selection, trial or runtime operation failed
-├── ConfigError                       a configuration file, catalog or variable is malformed
-├── ProtocolError (also ValueError)   a wire message does not follow the protocol
-├── CorruptRecord                     a stored decision cannot be trusted
-├── ArchiveError                      an archive cannot be written or trusted
-├── ValidationUnavailable             the reference's output cannot be validated
-├── DeviceQuarantined                 a worker's device failed a completion fence
-├── DeviceBusy                        a device's lock cannot be taken (the reference runs: BUSY)
-└── CudaToolError                     NVRTC or the cubin reader cannot do their job
-    ├── NvrtcUnavailable (RuntimeError)   libnvrtc cannot be loaded
-    ├── NvrtcError (RuntimeError)         NVRTC rejected a program
-    └── CubinError (ValueError)           bytes that are not a readable cubin
+├── TuneFailure                            a selection, trial or runtime operation failed (``kind``: FailureKind)
+├── DeviceBusy                             a device's lock cannot be taken (the reference runs: BUSY)
+├── ConfigError                            a configuration file, catalog or variable is malformed
+├── ProtocolError (also ValueError)        a wire message does not follow the protocol
+├── CorruptRecord                          a stored decision cannot be trusted
+├── ArchiveError                           an archive cannot be written or trusted
+├── ValidationUnavailable                  the reference's output cannot be validated
+└── CudaToolError                          NVRTC or the cubin reader cannot do their job
+    ├── NvrtcUnavailable (also RuntimeError)   libnvrtc cannot be loaded
+    ├── NvrtcError (also RuntimeError)         NVRTC rejected a program
+    └── CubinError (also ValueError)           bytes that are not a readable cubin
 ```
 
 Every error can be rebuilt from its arguments (``__reduce__``, for libraries that copy exceptions across processes)
 and round-trips through JSON: ``error.to_dict()`` and :func:`error_from_dict` (``{"error": class name, ...}``),
 which is what our own protocols use.
+
+The errors only the fleet raises (a store outage, a quarantined worker device, an interrupted run, an illegal
+transition of the coordinator's machine) live with the fleet, under the same root: ``farm_fleet.errors``. The tree
+above is checked against the classes by ``tests/test_errors.py``.
 """
 
 from __future__ import annotations
@@ -163,10 +166,6 @@ class ValidationUnavailable(FarmError):
     """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
 
 
-class DeviceQuarantined(FarmError):
-    """Raised when a worker's device failed a completion fence: its task must go to another worker."""
-
-
 class CudaToolError(FarmError):
     """Raised when the CUDA build tools the farm checks kernels with (NVRTC, the cubin reader) cannot do their job."""
 
@@ -181,20 +180,3 @@ class NvrtcError(CudaToolError, RuntimeError):
 
 class CubinError(CudaToolError, ValueError):
     """Raised when bytes are not a cubin the reader understands."""
-
-
-class StoreUnavailable(FarmError):
-    """Raised when the decisions/results Redis stayed unreachable for the whole retry budget."""
-
-
-class IllegalTransition(FarmError, RuntimeError):
-    """Raised when an event would move a problem along a transition the coordinator's machine does not allow (a
-    bug)."""
-
-
-class RunInterrupted(FarmError):
-    """Raised when a tuning run is interrupted (Ctrl-C) after its queued tasks were revoked and its leases
-    released; ``summary`` is the run's summary so far (None after a round trip through JSON)."""
-
-    exit_code = 130
-    summary: Any = None

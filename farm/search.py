@@ -19,11 +19,11 @@ import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from farm.identity import Candidate
 from farm.policy import StackPolicy
 from farm.roster import Roster
+from farm.runner import TrialRunner
 from farm.trials import Outcome, TrialVerdict, candidate_trials, pre_trial_skip, reference_trials
 
 
@@ -72,7 +72,7 @@ class Search:
 
 
 def search(
-    runner: Any,
+    runner: TrialRunner,
     policy: StackPolicy,
     reference: int,
     candidates: Sequence[Candidate],

@@ -23,23 +23,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from farm.arrays import OutputCheck
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, fits_workspace
 from farm.interference import Interference, Probe
 from farm.policy import StackPolicy
+from farm.runner import TrialRunner, Validation, output_check, throttle_probe
 from farm.scoring import Pair, Selection, Standing, assess, judge, look_sizes, valid_seconds
 
 # Why a candidate's sampling stopped: its verdict was decided, it reached max_samples, or the budget ran out.
 STOP_DECIDED = "decided"
 STOP_MAX_SAMPLES = "max_samples"
 STOP_BUDGET = "budget"
-
-
-class Validation(enum.Enum):
-    """A validation verdict. A wrong output is never UNSUPPORTED: it raises a REJECTED failure."""
-
-    PASSED = "passed"
-    UNSUPPORTED = "unsupported"
 
 
 class TrialVerdict(enum.Enum):
@@ -171,7 +166,7 @@ def seconds(value: float, name: str) -> float:
     return float(value)
 
 
-def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str) -> list[float]:
+def reference_trials(runner: TrialRunner, policy: StackPolicy, reference: int, name: str) -> list[float]:
     """Warm up, self-validate and time the reference ``samples`` times.
 
     Raises ValidationUnavailable when its output cannot be checked and validation is required, TuneFailure
@@ -197,7 +192,7 @@ def reference_trials(runner: Any, policy: StackPolicy, reference: int, name: str
 
 
 def candidate_trials(
-    runner: Any, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
+    runner: TrialRunner, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
 ) -> Outcome:
     """Warm up, validate against the reference, then take paired samples alternating which runs first: at least
     ``samples`` pairs, more while the verdict is undecided (up to ``max_samples``, within the budget).
@@ -209,7 +204,7 @@ def candidate_trials(
     pairs: list[Pair] = []
     verified = False
     budget_hit = False
-    check: Any = None
+    check: OutputCheck | None = None
     stop: str | None = None
     interference: Interference | None = None
     remeasured = False
@@ -218,7 +213,7 @@ def candidate_trials(
             seconds(runner.measure(index), name)
         verdict = runner.validate(reference, index, policy.tolerance)
         # Only this candidate's own comparison: a failure before validation leaves the previous candidate's.
-        check = getattr(runner, "last_check", None)
+        check = output_check(runner)
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise _Skip(TrialVerdict.SKIPPED, "validation unsupported (output readback above tolerance.max_bytes)")
         verified = verdict is Validation.PASSED
@@ -242,20 +237,20 @@ def candidate_trials(
         verdict_, note = e.verdict, e.note
     except Exception as e:
         verdict_, note = TrialVerdict.REJECTED, f"{type(e).__name__}: {e}"
-    checked = check is not None and check.problem is None
+    checked = check if check is not None and check.problem is None else None
     return Outcome(index, name, tuple(pairs), verified, verdict_, note, budget_hit,
-                   max_abs_error=check.max_abs_error if checked else None,
-                   max_rel_error=check.max_rel_error if checked else None,
+                   max_abs_error=checked.max_abs_error if checked is not None else None,
+                   max_rel_error=checked.max_rel_error if checked is not None else None,
                    stop=stop, interference=interference, remeasured=remeasured)
 
 
 def _sequence(
-    runner: Any, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
+    runner: TrialRunner, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
 ) -> tuple[list[Pair], str | None, Interference]:
     """One sequence of pairs: ``samples``, then more at each look while undecided. The stop reason is None when
     the budget ran out before ``samples`` pairs."""
     name, ref_name = names[index], names[reference]
-    probe = Probe(getattr(runner, "throttle_probe", None))
+    probe = Probe(throttle_probe(runner))
     pairs: list[Pair] = []
     stop: str | None = STOP_MAX_SAMPLES
     for size in look_sizes(policy.samples, policy.sample_limit):

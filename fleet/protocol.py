@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,7 +23,7 @@ from farm.trials import Outcome
 
 __all__ = [
     "GROUP_TASK", "PING_TASK", "PROTOCOL_VERSION", "REFERENCE_GROUP", "STATUS_FAILED", "STATUS_NOT_TRIED", "STATUS_OK",
-    "STATUS_VALIDATION_UNAVAILABLE", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
+    "STATUS_VALIDATION_UNAVAILABLE", "GroupKey", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
 ]
 
 PROTOCOL_VERSION = 2
@@ -36,6 +36,32 @@ def problem_id(fingerprint_digest: str, operation: str, device_kind: str, checks
     """A stable id for (fingerprint, operation, workload spec, candidate set, accuracy settings)."""
     text = fields([fingerprint_digest, operation, device_kind, checksum, canonical_json(spec), accuracy])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """Which group of which problem of which run: what a group's result, attempts, start mark and run claim are
+    stored under, and how the coordinator tracks what it sent. ``str(key)`` is its form in Redis key names
+    (``run:problem:group``), and :meth:`parse` reads it back: a run id (``--run``) may hold colons, problem ids
+    and group names do not."""
+
+    run: str
+    problem_id: str
+    group: str
+
+    @classmethod
+    def of(cls, message: Mapping[str, Any]) -> GroupKey:
+        """The key a group task or result message names (KeyError for a message without one)."""
+        return cls(str(message["run"]), str(message["problem_id"]), str(message["group"]))
+
+    @classmethod
+    def parse(cls, text: str) -> GroupKey | None:
+        """The key whose :func:`str` is ``text``, or None when ``text`` is not one."""
+        parts = text.rsplit(":", 2)
+        return cls(parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+    def __str__(self) -> str:
+        return f"{self.run}:{self.problem_id}:{self.group}"
 
 
 def _require(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -112,6 +138,10 @@ class GroupTask:
     budget: float | None = None
 
     @property
+    def key(self) -> GroupKey:
+        return GroupKey(self.run, self.problem_id, self.group)
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.candidates)
 
@@ -179,6 +209,10 @@ class GroupResult:
     trial_seconds: float = 0.0
     search_seconds: float = 0.0
     budget_exhausted: bool = False
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(self.run, self.problem_id, self.group)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,4 +1,5 @@
-"""Group results, stored idempotently under (round, problem id, group): the first result stored wins.
+"""Group results, stored idempotently under their :class:`~farm_fleet.protocol.GroupKey` (run, problem id, group):
+the first result stored wins.
 
 The Redis implementation is what workers and coordinators share; the memory one serves the embedded farm and
 tests. Both count attempts so a task that keeps killing its worker is bounded, and record when a group's latest
@@ -17,9 +18,8 @@ no longer exists, a worker that no longer serves (stale heartbeat, another incar
 taken a later claim (it runs one group at a time: its release of this one was lost, as in an outage). This
 rests on one pool process per worker id, as ``farm worker`` starts it.
 
-A store outage is retried with exponential back-off for ``settings.store_retry_seconds`` (:func:`retrying`);
-past that :class:`StoreUnavailable` says so, and the caller decides (a worker leaves the task to be redelivered,
-the coordinator waits and carries on).
+A store outage is retried for ``settings.store_retry_seconds`` (``farm_fleet.retry``); past that the caller
+decides (a worker leaves the task to be redelivered, the coordinator waits and carries on).
 """
 
 from __future__ import annotations
@@ -32,46 +32,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from farm.errors import StoreUnavailable
 from farm_fleet import presence
-from farm_fleet.protocol import STATUS_OK, GroupResult
+from farm_fleet.protocol import STATUS_OK, GroupKey, GroupResult
+from farm_fleet.retry import retrying
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
-Key = tuple[str, str, str]
 T = TypeVar("T")
-
-
-def transient(error: BaseException) -> bool:
-    """Whether ``error`` is a connection-level failure worth retrying (redis-py, kombu or the socket layer)."""
-    if isinstance(error, (ConnectionError, TimeoutError)):
-        return True
-    name = type(error).__name__
-    module = type(error).__module__
-    if module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"):
-        return True
-    return module.startswith(("kombu", "amqp")) and name in ("OperationalError", "ConnectionError",
-                                                             "RecoverableConnectionError")
-
-
-def retrying(call: Callable[[], T], seconds: float, what: str = "Redis") -> T:
-    """Run ``call``, retrying transient failures with exponential back-off (0.1 s doubling, at most 2 s) for up
-    to ``seconds``; then raise StoreUnavailable from the last failure."""
-    deadline = time.monotonic() + seconds
-    pause = 0.1
-    while True:
-        try:
-            return call()
-        except Exception as e:
-            if not transient(e):
-                raise
-            if time.monotonic() + pause > deadline:
-                raise StoreUnavailable(f"{what} unreachable for {seconds:g}s: {e}") from e
-            log.warning("%s unreachable (%s); retrying in %.1fs", what, e, pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
 
 
 @dataclass(frozen=True)
@@ -139,52 +108,84 @@ class Begun:
     attempt: int = 0
 
 
+@runtime_checkable
+class ResultsStore(Protocol):
+    """The worker's results store: what a group task asks before, while and after it runs a group.
+    :class:`MemoryResults` (the embedded farm) and :class:`RedisResults` (a fleet) implement it."""
+
+    def begin(self, key: GroupKey, runner: Runner, seconds: float) -> Begun:
+        """The stored result of the group, or else one more attempt counted and ``runner``'s run claim taken for
+        ``seconds``."""
+        ...
+
+    def put_if_absent(self, result: GroupResult) -> GroupResult:
+        """Store ``result`` unless one is there (ending the group's run claim); return the stored one."""
+        ...
+
+    def release(self, key: GroupKey, runner: Runner) -> None:
+        """Give up ``runner``'s run claim on a group whose run ended without a result."""
+        ...
+
+    def running_elsewhere(self, key: GroupKey, runner: Runner) -> Runner | None:
+        """The live runner of another worker that holds the group's run claim now, or None."""
+        ...
+
+    def started(self, keys: list[GroupKey], worker: str, incarnation: str = "") -> None:
+        """Record that a delivery of these groups started now on ``worker``."""
+        ...
+
+    def unrun(self, keys: list[GroupKey]) -> None:
+        """Tell the coordinator that a batch ended without running these groups."""
+        ...
+
+
 class MemoryResults:
     """In-process results (the embedded farm)."""
 
     def __init__(self) -> None:
-        self._results: dict[Key, GroupResult] = {}
-        self._attempts: dict[Key, int] = {}
+        self._results: dict[GroupKey, GroupResult] = {}
+        self._attempts: dict[GroupKey, int] = {}
         self._lock = threading.Lock()
 
     def put_if_absent(self, result: GroupResult) -> GroupResult:
         """Store unless a result is already there; return the stored one."""
-        key = (result.run, result.problem_id, result.group)
         with self._lock:
-            return self._results.setdefault(key, result)
+            return self._results.setdefault(result.key, result)
 
-    def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
+    def get(self, key: GroupKey) -> GroupResult | None:
         with self._lock:
-            return self._results.get((run, problem_id, group))
+            return self._results.get(key)
 
-    def get_many(self, keys: list[Key]) -> list[GroupResult | None]:
+    def get_many(self, keys: list[GroupKey]) -> list[GroupResult | None]:
         with self._lock:
             return [self._results.get(k) for k in keys]
 
-    def attempt(self, run: str, problem_id: str, group: str) -> int:
+    def attempt(self, key: GroupKey) -> int:
         """Count one more attempt and return the count (1 for the first)."""
         with self._lock:
-            key = (run, problem_id, group)
             self._attempts[key] = self._attempts.get(key, 0) + 1
             return self._attempts[key]
 
-    def begin(self, run: str, problem_id: str, group: str, runner: Runner, seconds: float) -> Begun:
+    def begin(self, key: GroupKey, runner: Runner, seconds: float) -> Begun:
         """The stored result, or when there is none one more attempt counted. One process runs its groups one at a
         time: there is no other runner to wait for."""
         with self._lock:
-            found = self._results.get((run, problem_id, group))
-        return Begun(result=found) if found is not None else Begun(attempt=self.attempt(run, problem_id, group))
+            found = self._results.get(key)
+        return Begun(result=found) if found is not None else Begun(attempt=self.attempt(key))
 
-    def release(self, run: str, problem_id: str, group: str, runner: Runner) -> None:
+    def release(self, key: GroupKey, runner: Runner) -> None:
         """Nothing to release in one process."""
 
-    def running_elsewhere(self, run: str, problem_id: str, group: str, runner: Runner) -> Runner | None:
+    def running_elsewhere(self, key: GroupKey, runner: Runner) -> Runner | None:
         return None
 
-    def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
+    def started(self, keys: list[GroupKey], worker: str, incarnation: str = "") -> None:
         """In-process tasks start when the coordinator runs them: nothing to record."""
 
-    def discard(self, keys: Iterable[Key]) -> None:
+    def unrun(self, keys: list[GroupKey]) -> None:
+        """In one process the coordinator runs each group itself and sees what it did not run: nothing to tell."""
+
+    def discard(self, keys: Iterable[GroupKey]) -> None:
         """Forget these groups' results and attempts (a failed group runs again on a rerun)."""
         with self._lock:
             for key in keys:
@@ -225,7 +226,7 @@ class RedisResults:
         return retrying(call, self.settings.store_retry_seconds, "the results Redis")
 
     def put_if_absent(self, result: GroupResult) -> GroupResult:
-        key = self.settings.result_key(result.run, result.problem_id, result.group)
+        key = self.settings.result_key(result.key)
         done = self.settings.done_key(result.run)
         payload = json.dumps(result.to_dict(), sort_keys=True)
         ttl = int(self.settings.result_ttl)
@@ -236,13 +237,13 @@ class RedisResults:
                 pipe.get(key)
                 pipe.rpush(done, key)
                 pipe.expire(done, ttl)
-                pipe.delete(self.settings.running_key(result.run, result.problem_id, result.group))
+                pipe.delete(self.settings.running_key(result.key))
                 return pipe.execute()
 
         stored, found = self._retry(put)[:2]
         return result if stored else GroupResult.from_dict(json.loads(found))
 
-    def started(self, keys: list[Key], worker: str, incarnation: str = "") -> None:
+    def started(self, keys: list[GroupKey], worker: str, incarnation: str = "") -> None:
         """Record that a delivery of these groups started now on ``worker`` (expires with the results)."""
         now = time.time()
         value = json.dumps({"at": now, "worker": worker, "incarnation": incarnation})
@@ -250,19 +251,19 @@ class RedisResults:
         def mark() -> None:
             with self.client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    pipe.set(self.settings.started_key(*key), value, ex=int(self.settings.result_ttl))
+                    pipe.set(self.settings.started_key(key), value, ex=int(self.settings.result_ttl))
                 pipe.execute()
 
         self._retry(mark)
 
-    def started_at(self, keys: list[Key]) -> list[float | None]:
+    def started_at(self, keys: list[GroupKey]) -> list[float | None]:
         """When each group's latest delivery started (epoch seconds), None if none did."""
         if not keys:
             return []
-        raws = self._retry(lambda: self.client.mget([self.settings.started_key(*k) for k in keys]))
+        raws = self._retry(lambda: self.client.mget([self.settings.started_key(k) for k in keys]))
         return [float(json.loads(r)["at"]) if r else None for r in raws]
 
-    def unrun(self, keys: list[Key]) -> None:
+    def unrun(self, keys: list[GroupKey]) -> None:
         """Tell the coordinator that a batch ended without running these groups (it sends them again at once)."""
         if not keys:
             return
@@ -271,14 +272,14 @@ class RedisResults:
         def push() -> None:
             with self.client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    done = self.settings.done_key(key[0])
-                    pipe.rpush(done, self.settings.unrun_key(*key))
+                    done = self.settings.done_key(key.run)
+                    pipe.rpush(done, self.settings.unrun_key(key))
                     pipe.expire(done, ttl)
                 pipe.execute()
 
         self._retry(push)
 
-    def notices(self, rounds: list[str], timeout: float) -> list[tuple[str, Key]]:
+    def notices(self, rounds: list[str], timeout: float) -> list[tuple[str, GroupKey]]:
         """Block up to ``timeout`` seconds for notices of ``rounds``; return (kind, group) pairs, kind "result"
         (a result was stored) or "unrun" (its batch ended without running it)."""
         keys = [self.settings.done_key(r) for r in rounds]
@@ -299,23 +300,23 @@ class RedisResults:
                 found.extend(items)
         return [notice for name in found if (notice := self.settings.notice_of(str(name))) is not None]
 
-    def get(self, run: str, problem_id: str, group: str) -> GroupResult | None:
-        raw = self._retry(lambda: self.client.get(self.settings.result_key(run, problem_id, group)))
+    def get(self, key: GroupKey) -> GroupResult | None:
+        raw = self._retry(lambda: self.client.get(self.settings.result_key(key)))
         return GroupResult.from_dict(json.loads(raw)) if raw is not None else None
 
-    def get_many(self, keys: list[Key]) -> list[GroupResult | None]:
+    def get_many(self, keys: list[GroupKey]) -> list[GroupResult | None]:
         if not keys:
             return []
-        raws = self._retry(lambda: self.client.mget([self.settings.result_key(*k) for k in keys]))
+        raws = self._retry(lambda: self.client.mget([self.settings.result_key(k) for k in keys]))
         return [GroupResult.from_dict(json.loads(r)) if r is not None else None for r in raws]
 
-    def begin(self, run: str, problem_id: str, group: str, runner: Runner, seconds: float) -> Begun:
+    def begin(self, key: GroupKey, runner: Runner, seconds: float) -> Begun:
         """What a worker asks before it runs a group: the stored result; or else ``runner``'s run claim is taken
         for ``seconds`` (until the task's hard time limit) and one more attempt counted. One round trip, unless
         another delivery runs the group now: then this one waits, looking again every ``WAIT_POLL_SECONDS``, for
         that run's result, or takes the claim over once its runner is gone (``runs``)."""
-        keys = [self.settings.result_key(run, problem_id, group), self.settings.attempts_key(run, problem_id, group),
-                self.settings.running_key(run, problem_id, group), self.settings.claims_key(runner.worker)]
+        keys = [self.settings.result_key(key), self.settings.attempts_key(key), self.settings.running_key(key),
+                self.settings.claims_key(runner.worker)]
         deadline = time.monotonic() + seconds
         mine = runner.encode()
 
@@ -334,7 +335,7 @@ class RedisResults:
             if kind == "run":
                 return Begun(attempt=int(value))
             if not waited:
-                log.info("group %s of %s runs on %s now: waiting for its result", group, problem_id,
+                log.info("group %s of %s runs on %s now: waiting for its result", key.group, key.problem_id,
                          Runner.decode(value))
                 waited = True
             time.sleep(WAIT_POLL_SECONDS)
@@ -353,11 +354,11 @@ class RedisResults:
             return holder.pid != me.pid and _process_exists(holder.pid)
         return self._retry(lambda: presence.serving(self.client, self.settings, holder.worker, holder.incarnation))
 
-    def release(self, run: str, problem_id: str, group: str, runner: Runner) -> None:
+    def release(self, key: GroupKey, runner: Runner) -> None:
         """Give up ``runner``'s claim on a group whose run ended without a result (quarantine, an outage, the
         process stopping): a waiting or later delivery runs it at once."""
-        key = self.settings.running_key(run, problem_id, group)
-        self._retry(lambda: self._release(keys=[key], args=[runner.encode()]))
+        claim = self.settings.running_key(key)
+        self._retry(lambda: self._release(keys=[claim], args=[runner.encode()]))
 
     def release_orphan(self, runner: Runner) -> None:
         """Release the claim that ``runner``'s worker took last if the process that took it is gone: a pool
@@ -373,10 +374,10 @@ class RedisResults:
             log.warning("released the run claim %s of %s, gone", name, holder)
             self._release(keys=[name], args=[raw])
 
-    def running_elsewhere(self, run: str, problem_id: str, group: str, runner: Runner) -> Runner | None:
+    def running_elsewhere(self, key: GroupKey, runner: Runner) -> Runner | None:
         """The live runner that holds the group's claim now, unless it is ``runner``'s own worker (whose task
         ended: what it held is over)."""
-        claim = self.settings.running_key(run, problem_id, group)
+        claim = self.settings.running_key(key)
         raw = self._retry(lambda: self.client.get(claim))
         if raw is None:
             return None
@@ -385,11 +386,11 @@ class RedisResults:
             return None
         return holder if self.runs(holder, runner, claim) else None
 
-    def discard(self, keys: Iterable[Key]) -> None:
+    def discard(self, keys: Iterable[GroupKey]) -> None:
         """Forget these groups' results, attempts, start marks and run claims (a failed group runs again on a
         rerun)."""
-        names = [name for k in keys for name in (self.settings.result_key(*k), self.settings.attempts_key(*k),
-                                                 self.settings.started_key(*k), self.settings.running_key(*k))]
+        names = [name for k in keys for name in (self.settings.result_key(k), self.settings.attempts_key(k),
+                                                 self.settings.started_key(k), self.settings.running_key(k))]
         if names:
             self._retry(lambda: self.client.delete(*names))
 

@@ -12,7 +12,7 @@ from typing import Any
 from farm.errors import ConfigError
 from farm.policy import StackPolicy
 from farm.stores.redis import KeyLayout
-from farm_fleet.protocol import PROTOCOL_VERSION
+from farm_fleet.protocol import PROTOCOL_VERSION, GroupKey
 
 
 @dataclass(frozen=True)
@@ -59,23 +59,23 @@ class Settings(KeyLayout):
         """Hash per worker, expiring: host, device, fingerprint, model, version, state."""
         return self.key("worker", worker_id)
 
-    def result_key(self, run: str, problem_id: str, group: str) -> str:
+    def result_key(self, group: GroupKey) -> str:
         """A group's result, under the protocol version that wrote it: a round resumed after an upgrade reruns the
         groups instead of reading results it cannot parse."""
-        return self.key("result", f"v{PROTOCOL_VERSION}", run, problem_id, group)
+        return self.key("result", f"v{PROTOCOL_VERSION}", str(group))
 
     def done_key(self, run: str) -> str:
         """List of notices of a run: the key of each result stored, or an :meth:`unrun_key`. The coordinator
         blocks on it instead of polling; :meth:`notice_of` reads a notice back."""
         return self.key("done", run)
 
-    def unrun_key(self, run: str, problem_id: str, group: str) -> str:
+    def unrun_key(self, group: GroupKey) -> str:
         """The notice that a batch ended without running a group (nothing is stored under it)."""
-        return self.key("unrun", run, problem_id, group)
+        return self.key("unrun", str(group))
 
-    def notice_of(self, name: str) -> tuple[str, tuple[str, str, str]] | None:
-        """("result" or "unrun", (run, problem id, group)) of a notice, or None for a foreign one (another
-        prefix, another protocol version's result)."""
+    def notice_of(self, name: str) -> tuple[str, GroupKey] | None:
+        """("result" or "unrun", the group's key) of a notice, or None for a foreign one (another prefix, another
+        protocol version's result)."""
         if not name.startswith(self.prefix + ":"):
             return None
         head, _, rest = name.removeprefix(self.prefix + ":").partition(":")
@@ -85,20 +85,20 @@ class Settings(KeyLayout):
                 return None
         elif head != "unrun":
             return None
-        parts = rest.rsplit(":", 2)  # a run id (--run) may hold colons; problem ids and groups do not
-        return (head, (parts[0], parts[1], parts[2])) if len(parts) == 3 else None
+        key = GroupKey.parse(rest)
+        return (head, key) if key is not None else None
 
-    def attempts_key(self, run: str, problem_id: str, group: str) -> str:
-        return self.key("attempts", run, problem_id, group)
+    def attempts_key(self, group: GroupKey) -> str:
+        return self.key("attempts", str(group))
 
-    def started_key(self, run: str, problem_id: str, group: str) -> str:
+    def started_key(self, group: GroupKey) -> str:
         """When (and by which worker) a group's latest delivery started: the coordinator's deadline starts here."""
-        return self.key("started", run, problem_id, group)
+        return self.key("started", str(group))
 
-    def running_key(self, run: str, problem_id: str, group: str) -> str:
+    def running_key(self, group: GroupKey) -> str:
         """The run claim of a group: which delivery runs it now (``farm_fleet.results.Runner``); deleted with its
         result, expiring at the task's hard time limit."""
-        return self.key("running", run, problem_id, group)
+        return self.key("running", str(group))
 
     def claims_key(self, worker_id: str) -> str:
         """The name of the run claim a worker took last: what its next pool process releases if the process that

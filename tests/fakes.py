@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from farm.arrays import OutputCheck
 from farm.engine import Validation
 from farm.identity import Candidate, Problem, Scope
 from farm.policy import StackPolicy, Tolerance
@@ -40,7 +41,11 @@ class FakeRunner:
     (the last one repeats). ``verdicts``: candidate index -> Validation or an exception to raise (default PASSED);
     the reference's self-validation reads the reference's entry. ``on_measure``/``on_validate`` run before each
     answer (to block a trial open, nest a selection, ...). With a ``clock``, each valid measurement advances it.
+    It has both optional capabilities of ``farm.runner``, absent (None) unless a test sets them.
     """
+
+    last_check: OutputCheck | None = None
+    throttle_probe: Callable[[], bool] | None = None
 
     def __init__(
         self,

@@ -48,9 +48,9 @@ class Fleet:
         return worker
 
     def coordinator(self) -> dict[str, Any]:
-        from farm_cli import _celery_parts
+        from farm_cli import celery_parts
 
-        return _celery_parts(self.settings)
+        return celery_parts(self.settings)
 
 
 @contextlib.contextmanager

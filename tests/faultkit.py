@@ -196,9 +196,9 @@ class FaultFleet:
         return worker
 
     def parts(self) -> dict[str, Any]:
-        from farm_cli import _celery_parts
+        from farm_cli import celery_parts
 
-        return _celery_parts(self.settings)
+        return celery_parts(self.settings)
 
     def coordinator(self, catalog: Path, *extra: str) -> subprocess.Popen[str]:
         """``farm tune`` in its own process group (so it can be frozen, interrupted or killed)."""

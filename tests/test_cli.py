@@ -240,13 +240,13 @@ def test_a_worker_logs_json_lines_with_task_results_only_at_debug(redis_srv, tmp
         wait_worker_ready(worker, redis_srv.client(1), prefix)
         return worker
 
-    from farm_cli import _celery_parts
+    from farm_cli import celery_parts
 
     catalog = load_catalog(write_catalog(tmp_path / "c.toml", SCALE), ("farm_testops",))
     for level in ("INFO", "DEBUG"):
         worker = start(level)
         try:
-            tune(catalog, settings=settings, force=True, **_celery_parts(settings))
+            tune(catalog, settings=settings, force=True, **celery_parts(settings))
             wait_for(lambda w=worker: "succeeded in" in w.output(), 30, "the task's success line")
         finally:
             worker.stop()

@@ -10,7 +10,7 @@ import pytest
 from farm_coordinator.dispatch import CeleryDispatcher
 from farm_coordinator.machine import Board, IllegalTransition, State
 from farm_coordinator.plan import Problem, Target
-from farm_fleet.protocol import GroupTask
+from farm_fleet.protocol import GroupKey, GroupTask
 from farm_fleet.settings import Settings
 
 
@@ -98,7 +98,7 @@ def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_sta
     d.submit([task], "q", (10.0, 20.0))
     d.collect()
     assert d.lost() == [] and d.in_flight() == 1
-    results.started[("r", "a", "g0")] = 123.0
+    results.started[GroupKey("r", "a", "g0")] = 123.0
     clock[0] += 20.0
     d.collect()  # sees the delivery start now
     clock[0] += 24.0
@@ -112,7 +112,7 @@ def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_sta
 def test_a_run_reports_each_problem_state_and_group_result_to_its_event_hook(tmp_path):
     from farm_helpers import write_catalog
 
-    from farm_cli import _embedded_parts
+    from farm_cli import embedded_parts
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
 
@@ -123,7 +123,7 @@ workloads = [{ n = 500, dtype = "float64" }]
 """), ("farm_testops",))
     settings = Settings()
     events: list[Any] = []
-    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    parts = embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
     summary = tune(catalog, settings=settings, on_event=events.append, **parts)
     kinds = [e.kind for e in events]
     assert kinds == ["queued", "running", "group", "group", "published"]
@@ -181,15 +181,16 @@ def test_a_stored_result_or_an_unrun_group_reaches_the_coordinator_by_its_notice
     d.submit([done, unrun], "q", (10.0, 20.0))
     redis_db.rpush(settings.done_key("r"), "other:result:v2:r:a:g0", "notice:result:v1:r:a:g0")  # foreign ones
     results.put_if_absent(GroupResult("r", "a", "g0", STATUS_OK))
-    results.unrun([("r", "b", "g0")])
+    results.unrun([GroupKey("r", "b", "g0")])
     assert [(r.problem_id, r.group) for r in d.collect(wait=5.0)] == [("a", "g0")]
     assert d.lost() == [unrun] and d.in_flight() == 0
 
 
 def test_a_notice_names_its_group_whatever_the_run_id_and_foreign_notices_name_none():
     settings = Settings(prefix="farm")
-    assert settings.notice_of(settings.result_key("run:with:colons", "p1", "g0")) == ("result", ("run:with:colons", "p1", "g0"))
-    assert settings.notice_of(settings.unrun_key("r", "p1", "g2")) == ("unrun", ("r", "p1", "g2"))
+    colons, plain = GroupKey("run:with:colons", "p1", "g0"), GroupKey("r", "p1", "g2")
+    assert settings.notice_of(settings.result_key(colons)) == ("result", colons)
+    assert settings.notice_of(settings.unrun_key(plain)) == ("unrun", plain)
     for foreign in ("other:result:v2:r:p1:g0", "farm:result:v1:r:p1:g0", "farm:started:r:p1:g0", "farm:result:v2:p1"):
         assert settings.notice_of(foreign) is None
 
@@ -201,7 +202,7 @@ def _many(tmp_path: Any, count: int, instant: bool = True) -> tuple[Any, Setting
 
     from farm_helpers import write_catalog
 
-    from farm_cli import _embedded_parts
+    from farm_cli import embedded_parts
     from farm_coordinator.catalog import load_catalog
 
     workloads = ", ".join(f'{{ n = {10 + i}, dtype = "float64" }}' for i in range(count))
@@ -211,7 +212,7 @@ operation = "farmtest_scale"
 workloads = [{workloads}]
 """), ("farm_testops",))
     settings = Settings(max_in_flight=64)
-    parts = _embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
+    parts = embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
     real, template = parts["dispatcher"].execute, {}
 
     def once(task, queue):
@@ -250,7 +251,7 @@ def test_the_embedded_farm_holds_no_group_result_it_has_handled(tmp_path):
     summary = tune(catalog, settings=settings, **parts)
     assert summary.published == 3
     (context,) = parts["fleet"].contexts.values()
-    assert context.results.get_many([("x", "y", "z")]) == [None] and not context.results._results
+    assert context.results.get_many([GroupKey("x", "y", "z")]) == [None] and not context.results._results
 
 
 def test_problems_a_timed_out_run_never_took_fail_with_the_reason_and_are_never_expanded(tmp_path, monkeypatch):

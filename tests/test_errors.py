@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 import farm.errors as errors
+import farm_fleet.errors as fleet_errors
 from farm.errors import (
     ArchiveError,
     ConfigError,
@@ -16,19 +17,16 @@ from farm.errors import (
     CubinError,
     CudaToolError,
     DeviceBusy,
-    DeviceQuarantined,
     FailureKind,
     FarmError,
-    IllegalTransition,
     NvrtcError,
     NvrtcUnavailable,
     ProtocolError,
-    RunInterrupted,
-    StoreUnavailable,
     TuneFailure,
     ValidationUnavailable,
     error_from_dict,
 )
+from farm_fleet.errors import DeviceQuarantined, IllegalTransition, RunInterrupted, StoreUnavailable
 
 EXAMPLES = [
     FarmError("no live workers"),
@@ -51,7 +49,8 @@ EXAMPLES = [
 
 
 def test_every_error_of_the_farm_is_under_the_root_with_a_raised_when_docstring() -> None:
-    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, BaseException)]
+    classes = [c for module in (errors, fleet_errors) for _, c in inspect.getmembers(module, inspect.isclass)
+               if issubclass(c, BaseException)]
     assert {type(e) for e in EXAMPLES} == set(classes)
     for cls in classes:
         assert issubclass(cls, FarmError)
@@ -95,7 +94,7 @@ def test_from_dict_on_a_subclass_refuses_another_branch() -> None:
         TuneFailure.from_dict(ConfigError("s", "f", 1, "p").to_dict())
 
 
-def test_every_exception_class_of_the_product_lives_in_farm_errors_or_is_private() -> None:
+def test_every_exception_class_of_the_product_lives_in_an_errors_module_or_is_private() -> None:
     import ast
 
     from test_imports import modules
@@ -110,4 +109,10 @@ def test_every_exception_class_of_the_product_lives_in_farm_errors_or_is_private
                 found.append(f"{module}.{node.name}")
                 assert (ast.get_docstring(node) or "").startswith("Raised when "), f"{module}.{node.name}"
     public = [name for name in found if not name.rsplit(".", 1)[1].startswith("_")]
-    assert public and all(name.startswith("farm.errors.") for name in public), public
+    assert public and all(name.startswith(("farm.errors.", "farm_fleet.errors.")) for name in public), public
+
+
+def test_the_core_errors_module_holds_no_error_that_only_the_fleet_raises() -> None:
+    for name in ("StoreUnavailable", "IllegalTransition", "RunInterrupted", "DeviceQuarantined"):
+        assert not hasattr(errors, name), name
+        assert issubclass(getattr(fleet_errors, name), FarmError)

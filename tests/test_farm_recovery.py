@@ -10,6 +10,7 @@ from farm.stores.redis import RedisDecisions
 from farm_coordinator.catalog import load_catalog
 from farm_coordinator.run import tune
 from farm_fleet import presence
+from farm_fleet.protocol import GroupKey
 
 pytestmark = pytest.mark.servers
 
@@ -130,15 +131,15 @@ def test_a_rerun_reuses_only_successful_group_results_and_runs_failed_groups_aga
         round_ = client.get(f.settings.key("round", pid))
         # The decision is gone (say, deleted by an operator) and group g1 had failed (say, a broken build).
         client.hdel(f.settings.problems_key(digest), pid)
-        g1 = GroupResult.from_dict(json.loads(client.get(f.settings.result_key(round_, pid, "g1"))))
+        g1 = GroupResult.from_dict(json.loads(client.get(f.settings.result_key(GroupKey(round_, pid, "g1")))))
         failed = GroupResult(g1.run, g1.problem_id, g1.group, "failed", error="the build was broken")
-        client.set(f.settings.result_key(round_, pid, "g1"), json.dumps(failed.to_dict()))
+        client.set(f.settings.result_key(GroupKey(round_, pid, "g1")), json.dumps(failed.to_dict()))
 
         again = tune(catalog, settings=f.settings, **f.coordinator())
         assert (again.ran, again.reused, again.published) == (1, 1, 1)
         (agg,) = again.aggregates
         assert agg.problem.results["g1"].status == "ok"
-        assert int(client.get(f.settings.attempts_key(round_, pid, "g1"))) == 1  # the failure was forgotten
+        assert int(client.get(f.settings.attempts_key(GroupKey(round_, pid, "g1")))) == 1  # the failure was forgotten
 
 
 def test_a_coordinator_waiting_for_another_ones_lease_sleeps_instead_of_spinning(redis_srv, tmp_path):

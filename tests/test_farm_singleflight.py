@@ -17,7 +17,7 @@ from servers import wait_for
 from farm.policy import StackPolicy
 from farm.stores.redis import RedisDecisions
 from farm_fleet import presence
-from farm_fleet.protocol import GROUP_TASK, STATUS_OK, GroupTask
+from farm_fleet.protocol import GROUP_TASK, STATUS_OK, GroupKey, GroupTask
 from farm_fleet.results import RedisResults, Runner
 
 pytestmark = pytest.mark.servers
@@ -91,7 +91,7 @@ def test_two_coordinators_on_one_catalog_run_every_group_once(redis_srv, tmp_pat
 
 # -- run claims: two deliveries of one group in flight at once (a takeover, a resend) run it once -------------
 
-GATED = ("claims-run", "p1", "g0")
+GATED = GroupKey("claims-run", "p1", "g0")
 
 
 def gated_fleet(f, tmp_path, devices=("cpu:0", "cpu:1")):
@@ -109,7 +109,7 @@ def deliver(f, worker: presence.WorkerInfo, delivery: str) -> None:
     from farm_fleet.celeryconf import celery_config
 
     policy = StackPolicy(samples=3, warmups=1, budget=2.0, max_relative_mad=1.0).to_dict()
-    task = GroupTask(*GATED, "farmtest_gate", "cpu", {"n": 1000, "dtype": "float64"},
+    task = GroupTask(GATED.run, GATED.problem_id, GATED.group, "farmtest_gate", "cpu", {"n": 1000, "dtype": "float64"},
                      (("waits_for_the_gate", "1"),), policy, worker.fingerprint, ("farm_testops",))
     app = Celery("claims", set_as_current=False)
     app.conf.update(celery_config(f.settings))
@@ -128,8 +128,8 @@ def second_delivery_waiting(f, tmp_path) -> tuple[Path, Runner]:
     workers, gate = gated_fleet(f, tmp_path)
     client = f.client()
     deliver(f, workers["cpu:0"], "delivery-1")
-    wait_for(lambda: client.exists(f.settings.running_key(*GATED)), 60, "cpu:0 to claim the group")
-    holder = Runner.decode(client.get(f.settings.running_key(*GATED)))
+    wait_for(lambda: client.exists(f.settings.running_key(GATED)), 60, "cpu:0 to claim the group")
+    holder = Runner.decode(client.get(f.settings.running_key(GATED)))
     deliver(f, workers["cpu:1"], "delivery-2")
     wait_for(lambda: "waiting for its result" in f.workers[1].output(), 60, "cpu:1 to wait for cpu:0's run")
     return gate, holder
@@ -142,11 +142,11 @@ def test_two_deliveries_of_one_group_in_flight_at_once_run_it_once_and_both_answ
         gate.touch()
         wait_for(lambda: finished(f.workers[0], "delivery-1") and finished(f.workers[1], "delivery-2"), 60,
                  "both deliveries to finish")
-        result = RedisResults(client, f.settings).get(*GATED)
+        result = RedisResults(client, f.settings).get(GATED)
         assert result is not None and result.status == STATUS_OK
         assert result.provenance["device"] == "cpu:0" and result.provenance["attempt"] == 1
-        assert client.get(f.settings.attempts_key(*GATED)) == "1"  # ran once
-        assert not client.exists(f.settings.running_key(*GATED))
+        assert client.get(f.settings.attempts_key(GATED)) == "1"  # ran once
+        assert not client.exists(f.settings.running_key(GATED))
 
 
 def test_a_delivery_waiting_on_a_runner_killed_mid_group_runs_the_group_itself(redis_srv, tmp_path):
@@ -159,10 +159,10 @@ def test_a_delivery_waiting_on_a_runner_killed_mid_group_runs_the_group_itself(r
         # takes the dead runner's claim over; the other waits for it and answers with its result.
         wait_for(lambda: finished(f.workers[0], "delivery-1") and finished(f.workers[1], "delivery-2"), 60,
                  "both deliveries to finish")
-        result = RedisResults(client, f.settings).get(*GATED)
+        result = RedisResults(client, f.settings).get(GATED)
         assert result is not None and result.status == STATUS_OK
         assert result.provenance["attempt"] == 2 and result.provenance["pid"] != holder.pid
-        assert client.get(f.settings.attempts_key(*GATED)) == "2"  # the killed run and one more
+        assert client.get(f.settings.attempts_key(GATED)) == "2"  # the killed run and one more
 
 
 def test_a_pool_process_killed_mid_group_has_its_claim_released_by_the_next_one(redis_srv, tmp_path):
@@ -170,15 +170,15 @@ def test_a_pool_process_killed_mid_group_has_its_claim_released_by_the_next_one(
         workers, gate = gated_fleet(f, tmp_path, ("cpu:0",))
         client = f.client()
         deliver(f, workers["cpu:0"], "delivery-1")
-        wait_for(lambda: client.exists(f.settings.running_key(*GATED)), 60, "cpu:0 to claim the group")
-        holder = Runner.decode(client.get(f.settings.running_key(*GATED)))
+        wait_for(lambda: client.exists(f.settings.running_key(GATED)), 60, "cpu:0 to claim the group")
+        holder = Runner.decode(client.get(f.settings.running_key(GATED)))
         os.kill(holder.pid, signal.SIGKILL)
         # The pool's next process releases the claim before it takes any task: a delivery waiting on another
         # machine, where the dead pid means nothing, would run the group now instead of at the hard limit.
         wait_for(lambda: "released the run claim" in f.workers[0].output(), 60, "the next pool process to release it")
         gate.touch()
         wait_for(lambda: finished(f.workers[0], "delivery-1"), 60, "the redelivery to run the group")
-        result = RedisResults(client, f.settings).get(*GATED)
+        result = RedisResults(client, f.settings).get(GATED)
         assert result is not None and result.status == STATUS_OK and result.provenance["attempt"] == 2
 
 

@@ -9,7 +9,7 @@ import pytest
 from servers import farm_env, start_worker, wait_for, wait_worker_ready
 
 from farm_fleet import presence
-from farm_fleet.protocol import GROUP_TASK, STATUS_FAILED, GroupTask
+from farm_fleet.protocol import GROUP_TASK, STATUS_FAILED, GroupKey, GroupTask
 from farm_fleet.results import RedisResults
 from farm_fleet.settings import Settings
 
@@ -46,8 +46,8 @@ def test_a_task_naming_a_module_the_worker_lacks_fails_clearly_and_imports_nothi
                          {}, digest, ("farmtest_marker",))
         app.send_task(GROUP_TASK, args=[[task.to_dict()]], queue=settings.fingerprint_queue(digest))
         results = RedisResults(client, settings)
-        wait_for(lambda: results.get("hostile-run", "p1", "g0") is not None, 60, "the hostile task's result")
-        result = results.get("hostile-run", "p1", "g0")
+        wait_for(lambda: results.get(GroupKey("hostile-run", "p1", "g0")) is not None, 60, "the hostile task's result")
+        result = results.get(GroupKey("hostile-run", "p1", "g0"))
         assert result is not None and result.status == STATUS_FAILED
         assert "no operation 'farmtest_marker_op'" in (result.error or "")
         assert "farmtest_marker" in (result.error or "")

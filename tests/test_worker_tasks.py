@@ -9,7 +9,7 @@ import pytest
 from farm import HostClient, TunableSet, array_signature
 from farm.environment import runtime_environment
 from farm.policy import StackPolicy
-from farm_fleet.protocol import STATUS_FAILED, STATUS_OK, GroupTask, ProtocolError
+from farm_fleet.protocol import STATUS_FAILED, STATUS_OK, GroupKey, GroupTask, ProtocolError
 from farm_fleet.results import MemoryResults
 from farm_fleet.settings import Settings
 from farm_kernels import registry
@@ -79,7 +79,7 @@ def test_a_group_result_is_stored_once_and_a_redelivery_returns_it_without_runni
     again = run_group(task(ctx), ctx)
     assert again == first
     assert calls["n"] == before
-    assert ctx.results.attempt("round", "p64", "g0") == 2  # only the first delivery counted an attempt
+    assert ctx.results.attempt(GroupKey("round", "p64", "g0")) == 2  # only the first delivery counted an attempt
 
 
 def test_on_redis_a_redelivery_returns_the_stored_result_and_only_the_first_delivery_counts_an_attempt(redis_db):
@@ -91,15 +91,15 @@ def test_on_redis_a_redelivery_returns_the_stored_result_and_only_the_first_deli
     first = run_group(task(ctx), ctx)
     before = calls["n"]
     assert run_group(task(ctx), ctx) == first and calls["n"] == before
-    assert redis_db.get(settings.attempts_key("round", "p64", "g0")) == "1"
-    redis_db.set(settings.attempts_key("round", "p65", "g0"), settings.max_attempts)
+    assert redis_db.get(settings.attempts_key(GroupKey("round", "p64", "g0"))) == "1"
+    redis_db.set(settings.attempts_key(GroupKey("round", "p65", "g0")), settings.max_attempts)
     assert "gave up after 3 attempts" in run_group(task(ctx, n=65), ctx)["error"]
 
 
 def test_past_the_attempt_bound_the_group_is_recorded_failed_without_running():
     ctx = context()
     for _ in range(ctx.settings.max_attempts):
-        ctx.results.attempt("round", "p64", "g0")
+        ctx.results.attempt(GroupKey("round", "p64", "g0"))
     result = run_group(task(ctx), ctx)
     assert result["status"] == STATUS_FAILED
     assert "gave up after 3 attempts" in result["error"]
@@ -111,11 +111,11 @@ def test_a_device_failure_quarantines_the_worker_and_sends_the_task_back():
     with pytest.raises(DeviceQuarantined):
         run_group(task(ctx), ctx)
     assert ctx.quarantined is not None and seen == [ctx.quarantined]
-    assert ctx.results.get("round", "p64", "g0") is None  # nothing stored: another worker will run it
-    attempts = ctx.results.attempt("round", "p64", "g0")
+    assert ctx.results.get(GroupKey("round", "p64", "g0")) is None  # nothing stored: another worker will run it
+    attempts = ctx.results.attempt(GroupKey("round", "p64", "g0"))
     with pytest.raises(DeviceQuarantined):
         run_group(task(ctx, n=65), ctx)
-    assert ctx.results.attempt("round", "p65", "g0") == 1  # refused before counting an attempt
+    assert ctx.results.attempt(GroupKey("round", "p65", "g0")) == 1  # refused before counting an attempt
     assert attempts == 2
 
 
@@ -133,10 +133,10 @@ def test_a_batch_stops_after_a_group_whose_candidate_hit_the_time_limit():
     hung = task(ctx, group="g1", names=("interrupted",), n=70)
     later = task(ctx, group="g0", names=("doubled",), n=71)
     batch = run_groups([hung, later], ctx)
-    assert len(batch.results) == 1 and batch.unreached == [("round", "p71", "g0")]
+    assert len(batch.results) == 1 and batch.unreached == [GroupKey("round", "p71", "g0")]
     (outcome,) = batch.results[0]["outcomes"]
     assert outcome["verdict"] == "rejected" and "time limit" in outcome["note"]
-    assert ctx.results.get("round", "p71", "g0") is None  # left for the coordinator to send again
+    assert ctx.results.get(GroupKey("round", "p71", "g0")) is None  # left for the coordinator to send again
 
 
 def test_trial_outputs_are_checked_against_the_reference_on_this_device():
@@ -203,8 +203,8 @@ def test_a_run_that_ends_without_a_result_releases_its_run_claim(redis_db):
     ctx = context(client=FailingSync(0), results=RedisResults(redis_db, settings))
     with pytest.raises(DeviceQuarantined):
         run_group(task(ctx), ctx)
-    assert redis_db.get(settings.attempts_key("round", "p64", "g0")) == "1"
-    assert not redis_db.exists(settings.running_key("round", "p64", "g0"))  # the next delivery runs it at once
+    assert redis_db.get(settings.attempts_key(GroupKey("round", "p64", "g0"))) == "1"
+    assert not redis_db.exists(settings.running_key(GroupKey("round", "p64", "g0")))  # the next delivery runs it at once
 
 
 def test_a_time_limit_outside_the_trials_leaves_that_group_and_the_rest_to_be_sent_again():
@@ -214,4 +214,4 @@ def test_a_time_limit_outside_the_trials_leaves_that_group_and_the_rest_to_be_se
 
     ctx = context(results=Waiting())
     batch = run_groups([task(ctx, n=80), task(ctx, n=81)], ctx)
-    assert batch.results == [] and batch.unreached == [("round", "p80", "g0"), ("round", "p81", "g0")]
+    assert batch.results == [] and batch.unreached == [GroupKey("round", "p80", "g0"), GroupKey("round", "p81", "g0")]

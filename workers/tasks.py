@@ -20,7 +20,6 @@ from farm.environment import farm_version, runtime_environment
 from farm.errors import (
     ConfigError,
     DeviceBusy,
-    DeviceQuarantined,
     FailureKind,
     ProtocolError,
     TuneFailure,
@@ -29,11 +28,12 @@ from farm.errors import (
 from farm.identity import Candidate, cache_key
 from farm.policy import StackPolicy, Tolerance
 from farm.roster import Roster
+from farm.runner import Validation
 from farm.runtimes.base import ComputeClient
 from farm.search import search
-from farm.trials import Validation
-from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult, GroupTask
-from farm_fleet.results import MemoryResults, RedisResults, Runner
+from farm_fleet.errors import DeviceQuarantined
+from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupKey, GroupResult, GroupTask
+from farm_fleet.results import ResultsStore, Runner
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -41,15 +41,13 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "DeviceQuarantined", "GuardedTrials", "WorkerContext", "run_group", "run_groups"]
 
-Key = tuple[str, str, str]
-
 
 @dataclass
 class WorkerContext:
     """What a group task needs from the process it runs in."""
 
     client: ComputeClient
-    results: MemoryResults | RedisResults
+    results: ResultsStore
     settings: Settings
     worker_id: str
     kernels: tuple[str, ...] = ()
@@ -123,7 +121,7 @@ class Batch:
     because the batch stopped after a hang (the coordinator sends them again at once)."""
 
     results: list[dict[str, Any]] = field(default_factory=list)
-    unreached: list[Key] = field(default_factory=list)
+    unreached: list[GroupKey] = field(default_factory=list)
 
 
 def run_groups(messages: list[dict[str, Any]], ctx: WorkerContext) -> Batch:
@@ -134,30 +132,26 @@ def run_groups(messages: list[dict[str, Any]], ctx: WorkerContext) -> Batch:
     ctx.interrupted = False
     for i, message in enumerate(messages):
         if ctx.interrupted:
-            batch.unreached = [_key(m) for m in messages[i:]]
+            batch.unreached = [GroupKey.of(m) for m in messages[i:]]
             break
         try:
             batch.results.append(run_group(message, ctx))
         except ctx.interrupts:  # the time limit outside the trials (e.g. waiting on another delivery's run)
             ctx.interrupted = True
-            batch.unreached = [_key(m) for m in messages[i:]]
+            batch.unreached = [GroupKey.of(m) for m in messages[i:]]
             break
     return batch
 
 
-def _key(message: dict[str, Any]) -> Key:
-    return (str(message["run"]), str(message["problem_id"]), str(message["group"]))
-
-
 def run_group(message: dict[str, Any], ctx: WorkerContext) -> dict[str, Any]:
-    """Run one group task and return its result as JSON. Stored under (run, problem, group) only if absent, so a
+    """Run one group task and return its result as JSON. Stored under its GroupKey only if absent, so a
     redelivered task returns the first result, and a delivery that finds another one running the group waits for
     its result (``farm_fleet.results``): a group runs once. Raises DeviceQuarantined after a device failure."""
     task = GroupTask.from_dict(message)
     if ctx.quarantined is not None:  # before counting an attempt: another worker runs (or answers) the group
         raise DeviceQuarantined(ctx.quarantined)
     runner = ctx.runner
-    begun = ctx.results.begin(task.run, task.problem_id, task.group, runner, ctx.claim_seconds())
+    begun = ctx.results.begin(task.key, runner, ctx.claim_seconds())
     if begun.result is not None:
         body: dict[str, Any] = begun.result.to_dict()
         return body
@@ -194,7 +188,7 @@ def _run_claimed(task: GroupTask, ctx: WorkerContext, attempt: int) -> GroupResu
 def _release(task: GroupTask, ctx: WorkerContext, runner: Runner) -> None:
     """Give up the claim of a run that ended without a result; an unreachable store leaves it to expire."""
     try:
-        ctx.results.release(task.run, task.problem_id, task.group, runner)
+        ctx.results.release(task.key, runner)
     except Exception as e:
         log.warning("could not release the run claim of group %s of %s: %s", task.group, task.problem_id, e)
 

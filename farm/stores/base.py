@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from farm.errors import CorruptRecord
 
@@ -207,6 +207,22 @@ class DecisionStore(Protocol):
     def put(self, record: DecisionRecord) -> None: ...
 
     def delete(self, cache_key: str) -> None: ...
+
+
+@runtime_checkable
+class FiledByEnvironment(Protocol):
+    """A store that files records under the environment (fingerprint) their key names (Redis, archives): told the
+    environment, which the caller holds, ``get_in`` finds the record without decoding the key."""
+
+    def get_in(self, environment: str, cache_key: str) -> DecisionRecord | None: ...
+
+
+def read_record(store: DecisionStore, environment: str, cache_key: str) -> DecisionRecord | None:
+    """``store``'s record for ``cache_key``, whose environment is ``environment`` (:class:`FiledByEnvironment`
+    stores are told it; any other store is asked with ``get``)."""
+    if isinstance(store, FiledByEnvironment):
+        return store.get_in(environment, cache_key)
+    return store.get(cache_key)
 
 
 @dataclass(frozen=True)

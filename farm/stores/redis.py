@@ -131,7 +131,6 @@ class RedisDecisions:
         self._backoff_initial = backoff
         self._backoff = backoff
         self._down_until = 0.0
-        self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self._function_loaded = False
         self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
@@ -141,22 +140,22 @@ class RedisDecisions:
     # -- fleet-tier reads ---------------------------------------------------------------------------------
 
     def _digest(self, cache_key: str) -> str:
-        digest = self._digests.get(cache_key)
-        if digest is None:
-            digest = fingerprint_digest(key_environment(cache_key))
-            if len(self._digests) > 4096:
-                self._digests.clear()
-            self._digests[cache_key] = digest
-        return digest
+        """The digest of the environment a cache key names, decoded from the key (callers without it)."""
+        return fingerprint_digest(key_environment(cache_key))
 
     def get(self, cache_key: str) -> DecisionRecord | None:
-        """The record for a cache key, None on a miss or while backing off; CorruptRecord for a bad record."""
+        """The record for a cache key (its environment read from the key), as :meth:`get_in`."""
+        return self.get_in(key_environment(cache_key), cache_key)
+
+    def get_in(self, environment: str, cache_key: str) -> DecisionRecord | None:
+        """The record for a cache key whose environment (fingerprint) is ``environment``: None on a miss or while
+        backing off; CorruptRecord for a bad record."""
         import redis
 
         if time.monotonic() < self._down_until:
             return None
         try:
-            raw = self.client.hget(self.settings.decisions_key(self._digest(cache_key)), field_for(cache_key))
+            raw = self.client.hget(self.settings.decisions_key(fingerprint_digest(environment)), field_for(cache_key))
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
             self._unreachable(e)
             return None
@@ -201,11 +200,14 @@ class RedisDecisions:
                     self.client.execute_command(*command)
         return count
 
-    def put(self, record: DecisionRecord) -> None:
-        self.publish(record, key_environment(record.cache_key))
+    def put(self, record: DecisionRecord, environment: str | None = None) -> None:
+        """Publish ``record`` (:meth:`publish`); ``environment``: its key's fingerprint, read from the key if None."""
+        self.publish(record, key_environment(record.cache_key) if environment is None else environment)
 
-    def delete(self, cache_key: str) -> None:
-        self.client.hdel(self.settings.decisions_key(self._digest(cache_key)), field_for(cache_key))
+    def delete(self, cache_key: str, environment: str | None = None) -> None:
+        """Delete the record of ``cache_key``; ``environment``: its fingerprint, read from the key if None."""
+        digest = self._digest(cache_key) if environment is None else fingerprint_digest(environment)
+        self.client.hdel(self.settings.decisions_key(digest), field_for(cache_key))
 
     # -- publication --------------------------------------------------------------------------------------
 

@@ -140,7 +140,6 @@ class ArchiveStore:
                 self._manifests.setdefault(manifest["digest"], []).append((folder, manifest))
         self._loaded: dict[str, list[_Loaded]] = {}
         self._broken: dict[str, str] = {}
-        self._digests: dict[str, str] = {}
         self._lock = threading.Lock()
         self.lookups = 0
 
@@ -175,23 +174,21 @@ class ArchiveStore:
                 self._loaded[digest] = loaded
             return loaded
 
-    def _digest(self, cache_key: str) -> str | None:
-        digest = self._digests.get(cache_key)
-        if digest is None:
-            try:
-                digest = fingerprint_digest(key_environment(cache_key))
-            except ValueError:  # UnicodeDecodeError included
-                return None
-            if len(self._digests) > 4096:
-                self._digests.clear()
-            self._digests[cache_key] = digest
-        return digest
-
     def get(self, cache_key: str) -> DecisionRecord | None:
-        """The record for ``cache_key``; None on a miss; CorruptRecord for a bad record or unusable archive."""
+        """The record for ``cache_key`` (its environment read from the key; an unreadable key is a miss), as
+        :meth:`get_in`."""
+        try:
+            environment = key_environment(cache_key)
+        except ValueError:  # UnicodeDecodeError included
+            return None
+        return self.get_in(environment, cache_key)
+
+    def get_in(self, environment: str, cache_key: str) -> DecisionRecord | None:
+        """The record for ``cache_key``, whose environment (fingerprint) is ``environment``; None on a miss;
+        CorruptRecord for a bad record or unusable archive."""
         self.lookups += 1
-        digest = self._digest(cache_key)
-        if digest is None or digest not in self._manifests:
+        digest = fingerprint_digest(environment)
+        if digest not in self._manifests:
             return None
         archives = self._archives(digest)
         best: DecisionRecord | None = None

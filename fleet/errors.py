@@ -1,0 +1,42 @@
+"""The errors only the fleet raises, under the core's root :class:`farm.errors.FarmError`.
+
+```
+FarmError
+├── StoreUnavailable                       the decisions/results Redis stayed unreachable past its retries
+├── DeviceQuarantined                      a worker's device failed a completion fence
+├── RunInterrupted                         a tuning run was interrupted (Ctrl-C)
+└── IllegalTransition (also RuntimeError)  the coordinator's machine refused a transition (a bug)
+```
+
+They round-trip through JSON like every farm error (``farm.errors.error_from_dict``): importing ``farm_fleet``
+registers them. The tree above is checked against the classes by ``tests/test_errors.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from farm.errors import FarmError
+
+__all__ = ["DeviceQuarantined", "IllegalTransition", "RunInterrupted", "StoreUnavailable"]
+
+
+class StoreUnavailable(FarmError):
+    """Raised when the decisions/results Redis stayed unreachable for the whole retry budget."""
+
+
+class DeviceQuarantined(FarmError):
+    """Raised when a worker's device failed a completion fence: its task must go to another worker."""
+
+
+class RunInterrupted(FarmError):
+    """Raised when a tuning run is interrupted (Ctrl-C) after its queued tasks were revoked and its leases
+    released; ``summary`` is the run's summary so far (None after a round trip through JSON)."""
+
+    exit_code = 130
+    summary: Any = None
+
+
+class IllegalTransition(FarmError, RuntimeError):
+    """Raised when an event would move a problem along a transition the coordinator's machine does not allow (a
+    bug)."""
