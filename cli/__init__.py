@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from farm.errors import FarmError
+from farm_cli.devices import check_device
 from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS_SCHEMES, check_url, errors
 from farm_cli.logs import LEVELS, setup_logging
 from farm_cli.parts import _celery_parts, _embedded_parts, reachable
@@ -135,6 +136,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             if from_fleet and not broker:
                 raise click.UsageError("--from-fleet tunes for the fleet: give --broker and --redis (or FARM_BROKER_URL "
                                        "and FARM_REDIS_URL)")
+            if not broker:
+                for device in devices:
+                    check_device(device)
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
             parts = _celery_parts(settings) if broker else _embedded_parts(settings, devices, cache_dir, kernels)
             if "runlog" in parts:  # a fleet run: count into the farm's metrics (farm metrics serves them)
@@ -205,12 +209,7 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
     setup_logging(loglevel, log_json)
     with errors():
         _check(broker, redis_url)
-        if cores is not None and device.startswith("cpu:") and device[4:].isdigit():  # bad usage is reported before any server is asked
-            import os
-
-            from farm_workers.worker import parse_cores
-
-            parse_cores(cores, int(device[4:]), os.sched_getaffinity(0))
+        check_device(device, cores)  # bad usage is reported before any server is asked
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
         sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores,
                             check_servers=lambda: reachable(settings)))
