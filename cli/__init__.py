@@ -163,6 +163,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                 click.echo(piece, nl=False)
             click.echo()
     failed = report.failures(rows)
+    with contextlib.suppress(Exception):  # a note only: the fleet may be gone by now
+        for line in report.not_tuned(cat, {t.device_kind for t in parts["fleet"].targets()}):
+            click.echo(f"farm: note: {line}", err=True)
     if not as_json:
         console = _console()
         console.print(report.table(summary, rows))

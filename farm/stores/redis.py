@@ -24,6 +24,7 @@ from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
 from farm.stores.base import DecisionRecord, Publication, key_sha256
+from farm.stores.regimes import RegimeCheck
 
 log = logging.getLogger(__name__)
 FUNCTION_SOURCE = (Path(__file__).with_name("publish.lua")).read_text()
@@ -133,6 +134,10 @@ class RedisDecisions:
         self._function_loaded = False
         self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
+        self._regimes = RegimeCheck(
+            "the fleet Redis", lambda: dict(self.client.hgetall(self.settings.fingerprints_key)),
+            lambda digest, key: bool(self.client.hexists(self.settings.decisions_key(digest), field_for(key))),
+            lambda digest: (raw for _, raw in self.client.hscan_iter(self.settings.decisions_key(digest), count=100)))
 
     # -- fleet-tier reads ---------------------------------------------------------------------------------
 
@@ -162,6 +167,7 @@ class RedisDecisions:
             return None
         self._backoff = self._backoff_initial
         if raw is None:
+            self._regimes.missed(cache_key, self._digest(cache_key))  # says once if another regime has decisions
             return None
         return DecisionRecord.from_json(raw, expected_key=cache_key)
 
