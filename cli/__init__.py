@@ -43,11 +43,15 @@ EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging"
 
 
 class _FarmGroup(click.Group):
-    """A missing optional dependency is one line naming the install command, not a traceback."""
+    """A missing optional dependency is one line naming the install command, not a traceback; bad usage (a missing
+    option, an unknown one) is one ``farm: error:`` line like every other error, with exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:
+            click.echo(f"farm: error: {usage_problem(error)}", err=True)
+            sys.exit(2)
         except ModuleNotFoundError as error:
             module = (error.name or "").partition(".")[0]
             if module not in EXTRA_MODULES:
@@ -56,6 +60,24 @@ class _FarmGroup(click.Group):
             click.echo(f"farm: error: this command needs {module}, which is not installed: "
                        f"pip install 'tuning-farm[{extra}]'", err=True)
             sys.exit(2)
+
+
+def usage_problem(error: click.UsageError) -> str:
+    """The line for a usage error: a missing option names its environment variable too (``farm status`` with
+    nothing configured: ``missing --redis (or FARM_REDIS_URL)``), and where to read more."""
+    names: list[str] = []
+    ctx = error.ctx
+    while ctx is not None and ctx.parent is not None:  # the subcommands, however the program was started
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    command = " ".join(["farm", *names])
+    param = getattr(error, "param", None)
+    if isinstance(error, click.MissingParameter) and isinstance(param, click.Option):
+        option = max(param.opts, key=len)
+        variable = f" (or {param.envvar})" if isinstance(param.envvar, str) else ""
+        what = f": {param.help.rstrip('.')}" if param.help else ""
+        return f"{command}: missing {option}{variable}{what}; see `{command} --help`"
+    return f"{command}: {error.format_message().rstrip('.')}; see `{command} --help`"
 
 
 # What a click option decorates (the command's callback), kept precise so commands stay typed.

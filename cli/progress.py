@@ -55,8 +55,8 @@ class Counts:
         if missing <= 0 or self.done < self.problems:
             return ""
         if self.not_tried:
-            return (f"; {missing} planned trials not run: the budget ran out before {self.not_tried} "
-                    f"group{'s' * (self.not_tried != 1)}' turn (verdict: not tried)")
+            groups = "1 group's turn" if self.not_tried == 1 else f"{self.not_tried} groups' turns"
+            return f"; {missing} planned trials not run: the budget ran out before {groups} (verdict: not tried)"
         return f"; {missing} planned trials not run: their problems were decided or failed without them"
 
     def fields(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from farm.atomicfile import write_atomic
 from farm.environment import fingerprint_parts
+from farm.trials import TrialVerdict, canonical_verdict
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.feedback import run_origin
 
@@ -41,8 +42,11 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         for c in meta.get("candidates", []):
             candidates[c["name"]] = {"name": c["name"], "ratio": c.get("ratio"), "mad": c.get("relative_mad"),
                                      "verified": c.get("verified"), "note": c.get("note", ""), "ratios": []}
+        not_tried = 0
         for row in entry.trials:
             name = row.get("candidate")
+            if row.get("role") == "candidate" and name is None:  # a group's own row: it never ran, or was lost
+                not_tried += canonical_verdict(str(row.get("verdict"))) == TrialVerdict.NOT_TRIED.value
             if row.get("role") != "candidate" or name is None:
                 continue
             found = candidates.setdefault(name, {"name": name, "ratio": None, "mad": None, "verified": None,
@@ -59,6 +63,7 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "confirmation": str(meta.get("confirmation") or ""),
             "origin": run_origin(str(meta.get("run") or "")),
             "candidates": list(candidates.values()),
+            "not_tried": not_tried,
         })
         problems[-1]["ticks"] = ratio_ticks(*axis_range(list(candidates.values()), min_speedup))
     problems.sort(key=lambda p: (p["operation"], p["workload"]))
@@ -226,7 +231,8 @@ function plot(p,minSpeedup){
 function detail(p,minSpeedup){
   let t=`<div>${plot(p,minSpeedup)}</div><table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
-  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}</p>`;
+  const untried=p.not_tried?` · ${p.not_tried} candidate group${p.not_tried>1?"s":""} not tried: the budget ran out before ${p.not_tried>1?"their":"its"} turn`:"";
+  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
 }
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");

@@ -63,6 +63,16 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
     }
 
 
+def groups_done(run: dict[str, Any]) -> str:
+    """``done/groups``; a finished run with groups left says why: the coordinator recorded them not tried (a
+    problem's budget, or the run's --timeout, ended its search before their turn), so they never ran."""
+    done, groups = int(float(run.get("done", 0) or 0)), int(float(run.get("groups", 0) or 0))
+    text = f"{done}/{groups}"
+    if run.get("state") == "finished" and done < groups:
+        text += f" ({groups - done} not tried: the budget ran out first)"
+    return text
+
+
 def fingerprint_regime(fingerprint: str) -> str:
     """The execution regime a fingerprint's decisions were measured in (``cpus=1; blas=1 (...); openmp=1``), ""
     for one without a host regime (CUDA): applications in another regime are served none of them."""
@@ -99,8 +109,8 @@ def render(status: dict[str, Any]) -> Group:
     for column in ("run", "catalog", "host", "state", "groups done", "published"):
         runs.add_column(column)
     for r in status["runs"]:
-        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"],
-                     f"{r.get('done', 0)}/{r.get('groups', 0)}", str(r.get("published", 0)))
+        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"], groups_done(r),
+                     str(r.get("published", 0)))
     reports = Table(title=f"fleet reports waiting ({status['feedback']['total']}; farm tune --from-fleet)")
     for column in ("operation", "fingerprint", "kind", "reports", "hosts"):
         reports.add_column(column)
