@@ -28,7 +28,7 @@ from farm.errors import StoreUnavailable
 from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
-from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupResult, GroupTask, ProtocolError
+from farm_fleet.protocol import GROUP_TASK, PING_TASK, STATUS_OK, GroupResult, GroupTask, ProtocolError
 from farm_fleet.results import RedisResults, Runner
 from farm_fleet.settings import Settings
 from farm_workers.tasks import DeviceQuarantined, WorkerContext, run_groups
@@ -80,6 +80,8 @@ def create_app(settings: Settings | None = None) -> Celery:
     _worker_settings = settings
 
     class GroupsTask(Task):
+        throws = (GroupsFailed,)  # an expected outcome: logged as one line, not as an error with a traceback
+
         def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
             _record_failure(app_settings, args, exc)
 
@@ -94,6 +96,9 @@ def create_app(settings: Settings | None = None) -> Celery:
             batch = run_groups(messages, ctx)
             if batch.unreached and isinstance(ctx.results, RedisResults):
                 ctx.results.unrun(batch.unreached)
+            failed = [r for r in batch.results if r.get("status") != STATUS_OK]
+            if failed:  # stored for the coordinator already; the task's state says so too (Flower: FAILURE)
+                raise GroupsFailed.of(failed, len(batch.results))
             return batch.results
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
@@ -111,6 +116,19 @@ def create_app(settings: Settings | None = None) -> Celery:
     return app
 
 
+class GroupsFailed(Exception):
+    """Raised when groups of a task failed in the farm (their failed results are stored, so nothing is retried):
+    the Celery task ends in state FAILURE, as Flower shows it, with each failed group and its error."""
+
+    @classmethod
+    def of(cls, failed: list[dict[str, Any]], total: int) -> GroupsFailed:
+        """The error for ``failed`` result dicts out of ``total`` (one argument: it pickles as it is)."""
+        lines = "; ".join(f"{r.get('problem_id', '?')}/{r.get('group', '?')}: {r.get('error') or r.get('status')}"
+                          for r in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        return cls(f"{len(failed)} of {total} groups failed in the farm: {lines}{more}")
+
+
 def _key(message: Any) -> tuple[str, str, str]:
     return (str(message["run"]), str(message["problem_id"]), str(message["group"]))
 
@@ -122,8 +140,8 @@ def _record_failure(settings: Settings, args: Any, exc: BaseException) -> None:
     """Store a failed result for every group of a failed task that has none (runs in the worker's main process on
     a hard time limit, where no device context exists: a results-only client is made once)."""
     global _failure_store
-    if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError)):
-        return  # an infrastructure outage is no verdict on the group: the coordinator sends it again
+    if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError, GroupsFailed)):
+        return  # an outage is no verdict on the group (sent again); failed groups have their results stored
     try:
         if _context is not None:
             store: Any = _context.results
