@@ -309,12 +309,13 @@ def numbers(data: Any) -> Any:
               help="An archive directory (one <digest>/ folder or a folder of them).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
 @click.option("--title", help="The page title (default: names the archive and its device models).")
-def report(archive: Path, out: Path, title: str | None) -> None:
+@click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP + " Labels their workloads as `farm tune` does.")
+def report(archive: Path, out: Path, title: str | None, kernels: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of an archive's decisions: why each kernel won."""
     from farm_coordinator.report import write_report
 
     with errors():
-        count = write_report(archive, out, title)
+        count = write_report(archive, out, title, kernels)
     click.echo(f"{count} problems written to {out}")
 
 

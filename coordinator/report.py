@@ -168,8 +168,14 @@ def default_title(archive: Path, fingerprints: list[dict[str, Any]]) -> str:
     return f"Tuning report: {name} ({', '.join(models) or 'no devices'}; {count} fingerprint{'s' * (count != 1)})"
 
 
-def write_report(archive: Path, out: Path, title: str | None = None) -> int:
-    """Render the report of ``archive`` to ``out`` atomically; return the number of problems."""
+def write_report(archive: Path, out: Path, title: str | None = None, kernels: tuple[str, ...] = ()) -> int:
+    """Render the report of ``archive`` to ``out`` atomically; return the number of problems. ``kernels``: modules
+    of the archive's plugin operations, so their workloads are labelled in schema order as `farm tune` prints them
+    (builtin and entry-point operations are always known; an unknown one shows its stored, sorted spec)."""
+    if kernels:
+        from farm_kernels import registry
+
+        registry.ensure_loaded(kernels)
     fingerprints = load(archive)
     write_atomic(out, render(fingerprints, title or default_title(archive, fingerprints)).encode())
     return sum(len(f["problems"]) for f in fingerprints)

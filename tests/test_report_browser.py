@@ -67,6 +67,11 @@ def test_the_report_of_the_example_catalog_shows_one_overview_table_with_named_c
     assert all(value.strip() for value in env.values()), env
     assert "logical cores" in env["device"] and "cpus=" in env["threads"]
     assert chromium.get_log("browser") == []  # the page's script raised nothing
+    labels = chromium.execute_script(
+        "return [...document.querySelectorAll('table.problems > tbody > tr.p')].map(r=>r.cells[1].textContent)")
+    # Workloads as `farm tune` prints them: the schema's order (rows before cols), not the stored sorted keys.
+    assert "rows=1 cols=1000 float32" in labels and "rows=3 cols=1000 axis=0 float32" in labels
+    assert not any(label.startswith("cols=") for label in labels), labels
 
     chromium.find_element("css selector", "table.problems > tbody > tr.p").click()  # the detail view opens
     assert chromium.find_elements("css selector", "tr.detail svg")
