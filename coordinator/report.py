@@ -207,7 +207,7 @@ function esc(s){return String(s).replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;","
 function fmt(x,d){return (x===null||x===undefined)?"-":Number(x).toFixed(d===undefined?3:d);}
 function median(a){if(!a.length)return null;const s=[...a].sort((x,y)=>x-y),m=s.length>>1;return s.length%2?s[m]:(s[m-1]+s[m])/2;}
 function plot(p,minSpeedup){
-  const W=640,row=26,left=190,right=20,top=22,H=top+row*Math.max(1,p.candidates.length)+40,base=H-34;
+  const W=680,row=26,left=190,right=70,top=22,H=top+row*Math.max(1,p.candidates.length)+40,base=H-34;
   // The axis spans the labelled ticks (Python's ratio_ticks over the bulk of the pairs, the medians, 1 and
   // 1/min_speedup): an outlier pair does not stretch it; it is drawn as a triangle at the edge it lies beyond.
   // A log axis: ratios 0.5 and 2 sit at the same distance from the reference.
