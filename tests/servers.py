@@ -1,7 +1,9 @@
-"""Real servers for the farm's tests: a private redis-server and `farm worker` processes on loopback.
+"""Real servers for the farm's tests: a private redis-server, a private RabbitMQ node and `farm worker` processes
+on loopback.
 
-Nothing here touches the machine's shared services: every server gets a free port and a temporary directory.
-A missing redis-server FAILS the run (it never skips): install it with `python3 tools/dev.py test`.
+Nothing here touches the machine's shared services: every server gets free ports and a temporary directory.
+A missing redis-server FAILS the run (it never skips); a missing rabbitmq-server skips the RabbitMQ tests, or fails
+them when CI=true. `python3 tools/dev.py test` installs both.
 """
 
 from __future__ import annotations
