@@ -64,3 +64,22 @@ def test_workloads_no_online_device_kind_can_run_are_counted_with_what_to_do():
                            "online (online: cpu)")
     assert "farm worker --device cuda:N" in line
     assert not_tuned(catalog, {"cpu", "cuda"}) == []
+
+
+def test_a_real_run_whose_budget_ran_out_says_why_its_trials_fall_short(tmp_path):
+    import subprocess
+    import sys
+
+    from farm_helpers import write_catalog
+    from servers import farm_env
+
+    slow = '[[problems]]\noperation = "uxtest_slow"\nworkloads = [{ n = 64, dtype = "float64" }]\n'
+    catalog = write_catalog(tmp_path / "c.toml", slow, "samples = 5\nwarmups = 1\nbudget = 0.5\nmax_relative_mad = 1.0\n")
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--kernels", "farm_uxops",
+                           "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, env=farm_env(),
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    (last,) = [line for line in done.stderr.splitlines() if "(finished" in line]
+    # Four groups of slow candidates, a budget that covers about one: the rest are recorded not tried.
+    assert "1/1 problems" in last and "planned trials not run: the budget ran out before" in last, last
+    assert "(verdict: not tried)" in last
