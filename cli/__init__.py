@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from farm.errors import FarmError
+from farm_cli.devices import check_device
 from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS_SCHEMES, check_url, errors
 from farm_cli.logs import LEVELS, setup_logging
 from farm_cli.parts import Parts, celery_parts, embedded_parts, reachable
@@ -42,11 +43,15 @@ EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging"
 
 
 class _FarmGroup(click.Group):
-    """A missing optional dependency is one line naming the install command, not a traceback."""
+    """A missing optional dependency is one line naming the install command, not a traceback; bad usage (a missing
+    option, an unknown one) is one ``farm: error:`` line like every other error, with exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as error:
+            click.echo(f"farm: error: {usage_problem(error)}", err=True)
+            sys.exit(2)
         except ModuleNotFoundError as error:
             module = (error.name or "").partition(".")[0]
             if module not in EXTRA_MODULES:
@@ -55,6 +60,24 @@ class _FarmGroup(click.Group):
             click.echo(f"farm: error: this command needs {module}, which is not installed: "
                        f"pip install 'tuning-farm[{extra}]'", err=True)
             sys.exit(2)
+
+
+def usage_problem(error: click.UsageError) -> str:
+    """The line for a usage error: a missing option names its environment variable too (``farm status`` with
+    nothing configured: ``missing --redis (or FARM_REDIS_URL)``), and where to read more."""
+    names: list[str] = []
+    ctx = error.ctx
+    while ctx is not None and ctx.parent is not None:  # the subcommands, however the program was started
+        names.insert(0, ctx.info_name or "")
+        ctx = ctx.parent
+    command = " ".join(["farm", *names])
+    param = getattr(error, "param", None)
+    if isinstance(error, click.MissingParameter) and isinstance(param, click.Option):
+        option = max(param.opts, key=len)
+        variable = f" (or {param.envvar})" if isinstance(param.envvar, str) else ""
+        what = f": {param.help.rstrip('.')}" if param.help else ""
+        return f"{command}: missing {option}{variable}{what}; see `{command} --help`"
+    return f"{command}: {error.format_message().rstrip('.')}; see `{command} --help`"
 
 
 # What a click option decorates (the command's callback), kept precise so commands stay typed.
@@ -134,6 +157,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             if from_fleet and not broker:
                 raise click.UsageError("--from-fleet tunes for the fleet: give --broker and --redis (or FARM_BROKER_URL "
                                        "and FARM_REDIS_URL)")
+            if not broker:
+                for device in devices:
+                    check_device(device)
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
             parts = celery_parts(settings) if broker else embedded_parts(settings, devices, cache_dir, kernels)
             if parts.runlog is not None:  # a fleet run: count into the farm's metrics (farm metrics serves them)
@@ -158,6 +184,9 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                 click.echo(piece, nl=False)
             click.echo()
     failed = report.failures(rows)
+    with contextlib.suppress(Exception):  # a note only: the fleet may be gone by now
+        for line in report.not_tuned(cat, {t.device_kind for t in parts.fleet.targets()}):
+            click.echo(f"farm: note: {line}", err=True)
     if not as_json:
         console = _console()
         console.print(report.table(summary, rows))
@@ -204,12 +233,7 @@ def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], l
     setup_logging(loglevel, log_json)
     with errors():
         _check(broker, redis_url)
-        if cores is not None and device.startswith("cpu:") and device[4:].isdigit():  # bad usage is reported before any server is asked
-            import os
-
-            from farm_workers.worker import parse_cores
-
-            parse_cores(cores, int(device[4:]), os.sched_getaffinity(0))
+        check_device(device, cores)  # bad usage is reported before any server is asked
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
         sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores,
                             check_servers=lambda: reachable(settings)))
@@ -284,12 +308,13 @@ def numbers(data: Any) -> Any:
               help="An archive directory (one <digest>/ folder or a folder of them).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
 @click.option("--title", help="The page title (default: names the archive and its device models).")
-def report(archive: Path, out: Path, title: str | None) -> None:
+@click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP + " Labels their workloads as `farm tune` does.")
+def report(archive: Path, out: Path, title: str | None, kernels: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of an archive's decisions: why each kernel won."""
     from farm_coordinator.report import write_report
 
     with errors():
-        count = write_report(archive, out, title)
+        count = write_report(archive, out, title, kernels)
     click.echo(f"{count} problems written to {out}")
 
 

@@ -30,6 +30,7 @@ class Counts:
     groups: int = 0
     settled: dict[str, int] = field(default_factory=lambda: {PUBLISHED: 0, FAILED: 0, REUSED: 0})
     started: float = field(default_factory=time.monotonic)
+    not_tried: int = 0  # groups the budget left out (the coordinator recorded them "not tried")
 
     @property
     def done(self) -> int:
@@ -41,10 +42,27 @@ class Counts:
                 f"{s[REUSED]} reused), {self.trials}/{self.trials_total} trials, "
                 f"{time.monotonic() - self.started:.0f}s elapsed")
 
+    def count(self, aggregate: Aggregate | None) -> None:
+        """Note the groups of a decided problem that were not tried (its budget ran out before their turn)."""
+        from farm_fleet.protocol import STATUS_NOT_TRIED
+
+        if aggregate is not None:
+            self.not_tried += sum(1 for r in aggregate.problem.results.values() if r.status == STATUS_NOT_TRIED)
+
+    def why_fewer(self) -> str:
+        """At the end of a run whose trials fall short of the plan: why (``""`` when they do not)."""
+        missing = self.trials_total - self.trials
+        if missing <= 0 or self.done < self.problems:
+            return ""
+        if self.not_tried:
+            groups = "1 group's turn" if self.not_tried == 1 else f"{self.not_tried} groups' turns"
+            return f"; {missing} planned trials not run: the budget ran out before {groups} (verdict: not tried)"
+        return f"; {missing} planned trials not run: their problems were decided or failed without them"
+
     def fields(self) -> dict[str, Any]:
         return {"run": self.run, "problems": self.problems, "done": self.done, "published": self.settled[PUBLISHED],
                 "failed": self.settled[FAILED], "reused": self.settled[REUSED], "trials": self.trials,
-                "trials_total": self.trials_total}
+                "trials_total": self.trials_total, "groups_not_tried": self.not_tried}
 
 
 class LogProgress:
@@ -68,10 +86,12 @@ class LogProgress:
 
     def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
+        self.counts.count(aggregate)
         self._maybe_log()
 
     def finished(self) -> None:
-        log.info("%s (finished)", self.counts.line(), extra={"progress": self.counts.fields()})
+        log.info("%s (finished%s)", self.counts.line(), self.counts.why_fewer(),
+                 extra={"progress": self.counts.fields()})
 
     def _maybe_log(self) -> None:
         now = time.monotonic()
@@ -105,11 +125,15 @@ class TerminalProgress(LogProgress):
 
     def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
+        self.counts.count(aggregate)
         self._refresh()
 
     def finished(self) -> None:
         self._refresh()
         self.bar.stop()
+        why = self.counts.why_fewer()
+        if why:
+            self.bar.console.print(why[2:])
 
     def _detail(self) -> str:
         s = self.counts.settled

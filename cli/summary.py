@@ -22,8 +22,9 @@ LEGEND = (
     "source: ran = tuned in this run, reused = already decided by an earlier run (not re-tuned).\n"
     "ratio: the winner's median time / the reference's (below 1 is faster). lost: candidates that did not win\n"
     "(slower, noisy, wrong output, or skipped). confirmation: confirmed = a second device of the fingerprint\n"
-    "reproduced the win; failed = the second device did not confirm it, so the reference stays; unconfirmed = no\n"
-    "second device was online."
+    "reproduced the win; failed = the second device did not confirm it, so the reference stays; unconfirmed = the\n"
+    "win is published without a second device's confirmation, for the reason shown after it (no second device\n"
+    "online, the confirmation did not decide a win, the confirming worker went away, the timeout)."
 )
 TABLE_ROWS = 1000  # rows the table shows at most (every failure is listed on stderr; --json lists every decision)
 READ_CHUNK = 500  # records read back per sink call
@@ -52,7 +53,7 @@ def rows(summary: Any, sink: Sink) -> list[dict[str, Any]]:
             continue
         candidates = record.meta.get("candidates", [])
         row.update(winner=record.name, ratio=record.ratio, verified=record.verified,
-                   confirmation=str(record.meta.get("confirmation") or "-").split(":")[0],
+                   confirmation=confirmation_text(str(record.meta.get("confirmation") or "-")),
                    lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")),
                    effort=space_effort(record))
     return out
@@ -75,6 +76,14 @@ def space_effort(record: DecisionRecord) -> str | None:
     names = [str(c.get("name", "")) for c in meta.get("candidates", [])]
     judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
     return effort(judged, sum(s.size for s in spaces), "exhaustive", None)
+
+
+def confirmation_text(note: str) -> str:
+    """The table's confirmation cell: ``confirmed``, or the outcome with its reason when the win was not confirmed
+    (``unconfirmed: confirmation did not decide a win: undecided: noisy ...``), so the reason is on screen, not
+    only in the archive."""
+    word, _, reason = note.partition(":")
+    return word if word == "confirmed" or not reason.strip() else f"{word}: {reason.strip()}"
 
 
 def with_records(sink: Sink, all_rows: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], DecisionRecord | None]]:
@@ -103,7 +112,7 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
                     f"{reused} reused, {failed} failed")
     for column in ("fingerprint", "operation", "workload", "source", "winner", "ratio", "verified", "confirmation",
                    "lost"):
-        t.add_column(column, no_wrap=column not in ("workload",), justify="right" if column in ("ratio", "lost") else "left")
+        t.add_column(column, no_wrap=column not in ("workload", "confirmation"), justify="right" if column in ("ratio", "lost") else "left")
     for r in all_rows[:TABLE_ROWS]:
         head = [r["fingerprint"][:8], r["operation"], r["workload"], r["source"]]
         if r["error"] is not None:
@@ -142,3 +151,18 @@ def as_json(summary: Any, all_rows: list[dict[str, Any]], sink: Sink) -> Iterato
         decision.update(record=record.to_dict() if record is not None else None, error=r["error"])
         yield ("\n" if i == 0 else ",\n") + json.dumps(decision, indent=1)
     yield "\n]\n}"
+
+
+def not_tuned(catalog: Any, kinds_online: set[str]) -> list[str]:
+    """One line per device kind that catalog workloads need and no device online has: how many were left out,
+    why, and what to do (a CPU-only fleet skips the example catalog's CUDA workloads; it must say so)."""
+    missing: dict[str, int] = {}
+    for w in catalog.workloads:
+        if not set(w.devices) & kinds_online:
+            need = " or ".join(w.devices)
+            missing[need] = missing.get(need, 0) + 1
+    online = ", ".join(sorted(kinds_online)) or "none"
+    return [f"{n} workload{'s' * (n != 1)} of {catalog.path} not tuned: {'they need' if n != 1 else 'it needs'} a "
+            f"{need} device and none is online (online: {online}); start `farm worker --device {need.split()[0]}:N` "
+            f"on a host that has one (the embedded farm: `farm tune --device {need.split()[0]}:0`), then rerun"
+            for need, n in sorted(missing.items())]

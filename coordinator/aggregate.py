@@ -131,7 +131,8 @@ def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> li
                 "device": p.get("device"), "worker": p.get("worker"), "attempt": p.get("attempt")}
         role = "confirmation" if r.group == "confirm" else "candidate"
         if r.status != STATUS_OK:
-            rows.append({**base, "role": role, "candidate": None, "candidate_index": None, "verdict": r.status,
+            verdict = TrialVerdict.NOT_TRIED if r.status == STATUS_NOT_TRIED else TrialVerdict.GROUP_FAILED
+            rows.append({**base, "role": role, "candidate": None, "candidate_index": None, "verdict": verdict.value,
                          "note": r.error, "pair": None, "reference_seconds": None, "candidate_seconds": None,
                          "max_abs_error": None, "max_rel_error": None})
             continue

@@ -4,7 +4,8 @@ with the fleet's live state (workers by state, queue depth per fingerprint) at e
 Coordinators count as they go (:class:`RunMetrics`, a progress hook for ``farm_coordinator.run.tune``): problems
 published, failed and reused, trial seconds and confirmation outcomes, in one Redis hash (``<prefix>:metrics``)
 shared by every coordinator, so the counters are monotonic across runs and hosts. ``farm metrics`` serves them on
-``/metrics`` (docs/farm.md, Metrics); an unreachable Redis makes ``farm_up`` 0, never a failed scrape.
+``/metrics`` (docs/farm.md, Metrics); a Redis that does not answer at start is an error (exit status 2), one
+that goes away later makes ``farm_up`` 0, never a failed scrape.
 """
 
 from __future__ import annotations
@@ -169,13 +170,42 @@ def registry_for(settings: Settings) -> Any:
 
 
 def serve(settings: Settings, address: str, port: int, stop: threading.Event | None = None) -> None:
-    """Serve ``/metrics`` on ``address:port`` until ``stop`` is set (or the process is interrupted)."""
+    """Serve ``/metrics`` on ``address:port`` until ``stop`` is set (or the process is interrupted).
+
+    Raises FarmError when the decisions Redis does not answer at start (a misconfigured exporter would otherwise
+    serve ``farm_up 0`` for ever; an outage later is ``farm_up 0``) or when ``address:port`` cannot be bound."""
     from prometheus_client import start_http_server
 
-    server, thread = start_http_server(port, addr=address, registry=registry_for(settings))
+    from farm.errors import FarmError
+    from farm.stores.redis import connect
+
+    assert settings.redis_url is not None
+    where = _server_address(settings.redis_url)
+    try:
+        connect(settings.redis_url, timeout=5.0, retries=False).ping()
+    except Exception as e:  # redis-py's connection errors share no base class with OSError
+        if type(e).__module__.startswith("redis") or isinstance(e, OSError):
+            raise FarmError(f"cannot reach Redis at {where} ({type(e).__name__}: {e}): start it, or give the "
+                            f"right --redis (FARM_REDIS_URL)") from e
+        raise
+    try:
+        server, thread = start_http_server(port, addr=address, registry=registry_for(settings))
+    except OSError as e:
+        raise FarmError(f"cannot serve metrics on {address}:{port}: {e.strerror or e}: choose another --port "
+                        f"or --address") from e
     log.info("serving farm metrics on http://%s:%d/metrics", address, port)
     try:
         (stop or threading.Event()).wait()
     finally:
         server.shutdown()
         thread.join(5)
+
+
+def _server_address(url: str) -> str:
+    """``host:port/db`` of a Redis URL, without its credentials."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}{parts.path}"

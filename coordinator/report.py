@@ -19,6 +19,7 @@ from typing import Any
 
 from farm.atomicfile import write_atomic
 from farm.environment import fingerprint_parts
+from farm.trials import TrialVerdict, canonical_verdict
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.feedback import run_origin
 
@@ -41,8 +42,11 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         for c in meta.get("candidates", []):
             candidates[c["name"]] = {"name": c["name"], "ratio": c.get("ratio"), "mad": c.get("relative_mad"),
                                      "verified": c.get("verified"), "note": c.get("note", ""), "ratios": []}
+        not_tried = 0
         for row in entry.trials:
             name = row.get("candidate")
+            if row.get("role") == "candidate" and name is None:  # a group's own row: it never ran, or was lost
+                not_tried += canonical_verdict(str(row.get("verdict"))) == TrialVerdict.NOT_TRIED.value
             if row.get("role") != "candidate" or name is None:
                 continue
             found = candidates.setdefault(name, {"name": name, "ratio": None, "mad": None, "verified": None,
@@ -59,10 +63,9 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "confirmation": str(meta.get("confirmation") or ""),
             "origin": run_origin(str(meta.get("run") or "")),
             "candidates": list(candidates.values()),
+            "not_tried": not_tried,
         })
-        plotted = [1.0, 1.0 / min_speedup] + [r for c in candidates.values() for r in c["ratios"] if r > 0] + [
-            c["ratio"] for c in candidates.values() if isinstance(c["ratio"], (int, float)) and c["ratio"] > 0]
-        problems[-1]["ticks"] = ratio_ticks(min(plotted), max(plotted))
+        problems[-1]["ticks"] = ratio_ticks(*axis_range(list(candidates.values()), min_speedup))
     problems.sort(key=lambda p: (p["operation"], p["workload"]))
     speedups = [1.0 / p["ratio"] for p in problems if p["ratio"] > 0]
     return {
@@ -105,6 +108,27 @@ def _model(fingerprint: dict[str, Any]) -> str:
     return pieces[1] if len(pieces) > 1 and pieces[0] in ("x86_64", "aarch64", "arm64", "ppc64le") else pieces[0]
 
 
+_NEAR = math.log(1.25)  # a pair this close to its candidate's quartiles is never an outlier
+
+
+def axis_range(candidates: list[dict[str, Any]], min_speedup: float) -> tuple[float, float]:
+    """The ratio range a problem's plot spans: 1, 1/min_speedup, every candidate's median and the bulk of each
+    candidate's paired ratios. A pair beyond its candidate's Tukey fences (1.5 interquartile ranges past the
+    quartiles, in log space, and never within 25% of them; candidates with 4 pairs or more) is an outlier: the
+    page draws it at the axis edge instead of letting it stretch the axis for every other point."""
+    plotted = [1.0, 1.0 / min_speedup]
+    for c in candidates:
+        if isinstance(c.get("ratio"), (int, float)) and c["ratio"] > 0:
+            plotted.append(float(c["ratio"]))
+        logs = sorted(math.log(r) for r in c.get("ratios", []) if r > 0)
+        if len(logs) >= 4:
+            q1, _, q3 = statistics.quantiles(logs, n=4, method="inclusive")
+            fence = max(1.5 * (q3 - q1), _NEAR)
+            logs = [v for v in logs if q1 - fence <= v <= q3 + fence]
+        plotted += [math.exp(v) for v in logs]
+    return min(plotted), max(plotted)
+
+
 def ratio_ticks(low: float, high: float, most: int = 9) -> list[float]:
     """Axis labels for ratios from ``low`` to ``high`` (log scale): a 1-2-5 series over every decade the range
     spans, always including the range's own ends' neighbours so that every plotted ratio sits on a labelled scale."""
@@ -144,8 +168,14 @@ def default_title(archive: Path, fingerprints: list[dict[str, Any]]) -> str:
     return f"Tuning report: {name} ({', '.join(models) or 'no devices'}; {count} fingerprint{'s' * (count != 1)})"
 
 
-def write_report(archive: Path, out: Path, title: str | None = None) -> int:
-    """Render the report of ``archive`` to ``out`` atomically; return the number of problems."""
+def write_report(archive: Path, out: Path, title: str | None = None, kernels: tuple[str, ...] = ()) -> int:
+    """Render the report of ``archive`` to ``out`` atomically; return the number of problems. ``kernels``: modules
+    of the archive's plugin operations, so their workloads are labelled in schema order as `farm tune` prints them
+    (builtin and entry-point operations are always known; an unknown one shows its stored, sorted spec)."""
+    if kernels:
+        from farm_kernels import registry
+
+        registry.ensure_loaded(kernels)
     fingerprints = load(archive)
     write_atomic(out, render(fingerprints, title or default_title(archive, fingerprints)).encode())
     return sum(len(f["problems"]) for f in fingerprints)
@@ -177,39 +207,44 @@ function esc(s){return String(s).replace(/[&<>"]/g,c=>({"&":"&amp;","<":"&lt;","
 function fmt(x,d){return (x===null||x===undefined)?"-":Number(x).toFixed(d===undefined?3:d);}
 function median(a){if(!a.length)return null;const s=[...a].sort((x,y)=>x-y),m=s.length>>1;return s.length%2?s[m]:(s[m-1]+s[m])/2;}
 function plot(p,minSpeedup){
-  const W=640,row=26,left=190,right=20,top=22,H=top+row*Math.max(1,p.candidates.length)+26;
-  // The axis spans the labelled ticks, which bracket every plotted ratio (computed in Python: ratio_ticks).
-  const all=[1,1/minSpeedup,...p.ticks];p.candidates.forEach(c=>c.ratios.forEach(r=>all.push(r)));
-  // A log axis: ratios 0.5 and 2 sit at the same distance from the reference, and outliers do not squash the rest.
-  let lo=Math.log(Math.min(...all)),hi=Math.log(Math.max(...all));const pad=(hi-lo)*0.08||0.05;lo-=pad;hi+=pad;
-  const x=v=>left+(Math.log(Math.max(v,1e-12))-lo)/(hi-lo)*(W-left-right);
+  const W=680,row=26,left=190,right=70,top=22,H=top+row*Math.max(1,p.candidates.length)+40,base=H-34;
+  // The axis spans the labelled ticks (Python's ratio_ticks over the bulk of the pairs, the medians, 1 and
+  // 1/min_speedup): an outlier pair does not stretch it; it is drawn as a triangle at the edge it lies beyond.
+  // A log axis: ratios 0.5 and 2 sit at the same distance from the reference.
+  const all=[1,1/minSpeedup,...p.ticks];
+  let lo=Math.log(Math.min(...all)),hi=Math.log(Math.max(...all));const pad=(hi-lo)*0.04||0.05;lo-=pad;hi+=pad;
+  const x=v=>left+(Math.min(Math.max(Math.log(Math.max(v,1e-12)),lo),hi)-lo)/(hi-lo)*(W-left-right);
+  const beyond=v=>Math.log(Math.max(v,1e-12))<lo?-1:(Math.log(v)>hi?1:0);
   let s=`<svg width="${W}" height="${H}" role="img" aria-label="paired ratios">`;
-  s+=`<line x1="${x(1)}" y1="${top-8}" x2="${x(1)}" y2="${H-20}" stroke="#999" stroke-dasharray="4 3"/><text x="${x(1)+3}" y="${top-10}" font-size="10" fill="#666">reference 1.0</text>`;
-  s+=`<line x1="${x(1/minSpeedup)}" y1="${top-8}" x2="${x(1/minSpeedup)}" y2="${H-20}" stroke="#c60" stroke-dasharray="2 2"/><text x="${x(1/minSpeedup)-3}" y="${top-10}" font-size="10" fill="#c60" text-anchor="end">1/min_speedup ${fmt(1/minSpeedup)}</text>`;
+  s+=`<line x1="${x(1)}" y1="${top-8}" x2="${x(1)}" y2="${base+2}" stroke="#999" stroke-dasharray="4 3"/><text x="${x(1)+3}" y="${top-10}" font-size="10" fill="#666">reference 1.0</text>`;
+  s+=`<line x1="${x(1/minSpeedup)}" y1="${top-8}" x2="${x(1/minSpeedup)}" y2="${base+2}" stroke="#c60" stroke-dasharray="2 2"/><text x="${x(1/minSpeedup)-3}" y="${top-10}" font-size="10" fill="#c60" text-anchor="end">1/min_speedup ${fmt(1/minSpeedup)}</text>`;
   p.candidates.forEach((c,i)=>{
     const y=top+i*row+row/2, m=c.ratio!==null?c.ratio:median(c.ratios);
     const col=c.name===p.winner?"#0a6d2c":(c.note.startsWith("rejected")||c.note.startsWith("skipped")?"#b00":"#336");
     s+=`<text x="${left-8}" y="${y+4}" font-size="11" text-anchor="end" fill="${col}">${esc(c.name)}</text>`;
     if(m!==null&&c.mad!==null&&c.mad!==undefined){const a=x(Math.max(lo,m*(1-c.mad))),b=x(Math.min(hi,m*(1+c.mad)));s+=`<rect x="${a}" y="${y-7}" width="${Math.max(1,b-a)}" height="14" fill="${col}" opacity="0.13"/>`;}
-    c.ratios.forEach(r=>{s+=`<circle cx="${x(r)}" cy="${y}" r="3" fill="${col}" opacity="0.7"/>`;});
+    c.ratios.forEach(r=>{const b=beyond(r),cx=x(r);s+=b?`<path class="outlier" d="M${cx+4*b} ${y}L${cx-2*b} ${y-4}L${cx-2*b} ${y+4}Z" fill="${col}"><title>${fmt(r)} (beyond the axis)</title></path>`:`<circle cx="${cx}" cy="${y}" r="3" fill="${col}" opacity="0.7"/>`;});
     if(m!==null)s+=`<line x1="${x(m)}" y1="${y-9}" x2="${x(m)}" y2="${y+9}" stroke="${col}" stroke-width="2"/>`;
     if(!c.ratios.length)s+=`<text x="${left+4}" y="${y+4}" font-size="10" fill="#b00">no timings</text>`;
   });
+  s+=`<line x1="${left}" y1="${base}" x2="${W-right}" y2="${base}" stroke="#ddd"/>`;
   p.ticks.forEach(t=>{
-    s+=`<line x1="${x(t)}" y1="${H-22}" x2="${x(t)}" y2="${H-18}" stroke="#bbb"/><text x="${x(t)}" y="${H-8}" font-size="9" fill="#999" text-anchor="middle">${t}</text>`;});
-  s+=`<text x="${W-right}" y="${H-8}" font-size="9" fill="#999" text-anchor="end">candidate/reference (log)</text>`;
+    s+=`<line x1="${x(t)}" y1="${base}" x2="${x(t)}" y2="${base+4}" stroke="#bbb"/><text class="tick" x="${x(t)}" y="${base+14}" font-size="9" fill="#999" text-anchor="middle">${t}</text>`;});
+  // The axis title has a line of its own, below the tick labels.
+  s+=`<text class="axis-title" x="${(left+W-right)/2}" y="${H-4}" font-size="10" fill="#777" text-anchor="middle">candidate/reference time per pair (log scale)</text>`;
   return s+"</svg>";
 }
 function detail(p,minSpeedup){
   let t=`<div>${plot(p,minSpeedup)}</div><table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
-  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}</p>`;
+  const untried=p.not_tried?` · ${p.not_tried} candidate group${p.not_tried>1?"s":""} not tried: the budget ran out before ${p.not_tried>1?"their":"its"} turn`:"";
+  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
 }
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");
   const ops=[...new Set(fp.problems.map(p=>p.operation))].sort();
   const env=fp.environment.map(r=>`<tr><th>${esc(r[0])}</th><td>${esc(r[1])}</td></tr>`).join("");
-  root.innerHTML=`<h2>Fingerprint ${esc(fp.digest)}</h2><table class="env">${env}</table>
+  root.innerHTML=`<h2>Fingerprint ${esc(fp.digest)}</h2><table class="env"><tbody>${env}</tbody></table>
   <details><summary class="muted">raw fingerprint</summary><code>${esc(fp.fingerprint)}</code></details>
   <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
   <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
@@ -219,10 +254,10 @@ FPS.forEach((fp,fi)=>{
   <select data-role="op"><option value="">every operation</option>${ops.map(o=>`<option>${esc(o)}</option>`).join("")}</select>
   <select data-role="v"><option value="">every verdict</option><option value="won">a candidate won</option><option value="ref">the reference kept</option></select>
   <span data-role="count" class="muted"></span> <button data-role="more">show more</button></div>
-  <table><thead><tr><th>operation</th><th>workload</th><th>winner</th><th class="num">ratio</th><th>verified</th><th>confirmation</th><th class="num">candidates</th></tr></thead><tbody></tbody></table>`;
+  <table class="problems"><thead><tr><th>operation</th><th>workload</th><th>winner</th><th class="num">ratio</th><th>verified</th><th>confirmation</th><th class="num">candidates</th></tr></thead><tbody></tbody></table>`;
   document.getElementById("fps").appendChild(root);
   const q=root.querySelector("[data-role=q]"),op=root.querySelector("[data-role=op]"),v=root.querySelector("[data-role=v]");
-  const body=root.querySelector("tbody"),count=root.querySelector("[data-role=count]"),more=root.querySelector("[data-role=more]");
+  const body=root.querySelector("table.problems tbody"),count=root.querySelector("[data-role=count]"),more=root.querySelector("[data-role=more]");
   let shown=PAGE;
   function draw(){
     const needle=q.value.toLowerCase();

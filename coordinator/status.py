@@ -1,5 +1,6 @@
 """`farm status`: the fleet at a glance: workers per fingerprint with their state and regime (cores, BLAS and
-OpenMP pool sizes), queue depths, decisions per fingerprint, and tuning runs with their progress."""
+OpenMP pool sizes), queue depths, decisions per fingerprint with the regime they were measured in (an application
+is served only its own regime's), and tuning runs with their progress."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
         fingerprints.append({
             "digest": digest,
             "fingerprint": texts.get(digest, ""),
+            "regime": fingerprint_regime(texts.get(digest, "")),
             "models": sorted({w.model for w in mine}),
             "workers": states,
             "queue": queue,
@@ -61,6 +63,25 @@ def collect(client: Any, settings: Settings, broker: Any | None = None) -> dict[
     }
 
 
+def groups_done(run: dict[str, Any]) -> str:
+    """``done/groups``; a finished run with groups left says why: the coordinator recorded them not tried (a
+    problem's budget, or the run's --timeout, ended its search before their turn), so they never ran."""
+    done, groups = int(float(run.get("done", 0) or 0)), int(float(run.get("groups", 0) or 0))
+    text = f"{done}/{groups}"
+    if run.get("state") == "finished" and done < groups:
+        text += f" ({groups - done} not tried: the budget ran out first)"
+    return text
+
+
+def fingerprint_regime(fingerprint: str) -> str:
+    """The execution regime a fingerprint's decisions were measured in (``cpus=1; blas=1 (...); openmp=1``), ""
+    for one without a host regime (CUDA): applications in another regime are served none of them."""
+    from farm.stores.regimes import split_regime
+
+    split = split_regime(fingerprint)
+    return split[1] if split is not None else ""
+
+
 def _feedback(client: Any, settings: Settings) -> dict[str, Any]:
     """Fleet reports waiting for `farm tune --from-fleet` (coordinator/feedback.py), by operation and fingerprint."""
     from farm_coordinator.feedback import waiting
@@ -72,11 +93,11 @@ def _feedback(client: Any, settings: Settings) -> dict[str, Any]:
 def render(status: dict[str, Any]) -> Group:
     """Human tables for :func:`collect`'s data."""
     fps = Table(title="fingerprints")
-    for column in ("digest", "model", "workers", "queued", "decisions"):
+    for column in ("digest", "model", "regime decided", "workers", "queued", "decisions"):
         fps.add_column(column)
     for f in status["fingerprints"]:
         online = ", ".join(f"{n} {state}" for state, n in sorted(f["workers"].items())) or "none online"
-        fps.add_row(f["digest"], ", ".join(f["models"]) or "-", online,
+        fps.add_row(f["digest"], ", ".join(f["models"]) or "-", f.get("regime") or "-", online,
                     "-" if f["queued"] is None else str(f["queued"]), str(f["decisions"]))
     workers = Table(title="workers")
     for column in ("worker", "device", "model", "regime", "fingerprint", "state", "heartbeat", "version"):
@@ -88,8 +109,8 @@ def render(status: dict[str, Any]) -> Group:
     for column in ("run", "catalog", "host", "state", "groups done", "published"):
         runs.add_column(column)
     for r in status["runs"]:
-        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"],
-                     f"{r.get('done', 0)}/{r.get('groups', 0)}", str(r.get("published", 0)))
+        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"], groups_done(r),
+                     str(r.get("published", 0)))
     reports = Table(title=f"fleet reports waiting ({status['feedback']['total']}; farm tune --from-fleet)")
     for column in ("operation", "fingerprint", "kind", "reports", "hosts"):
         reports.add_column(column)

@@ -126,7 +126,8 @@ class Registry:
             except ConfigError:
                 raise
             except Exception as e:  # an import error or an error raised by the module's own code
-                raise ConfigError(source, "module", name, f"cannot import operations module: {type(e).__name__}: {e}") from e
+                raise ConfigError(source, "module", name, f"cannot import operations module: {type(e).__name__}: {e}"
+                                  f"{_import_hint(name, e)}") from e
             if name in self._modules:
                 return module
             self._register_declared(module, name, source)
@@ -262,3 +263,20 @@ def load_entry_points() -> None:
 def ensure_loaded(extra_modules: Iterable[str] = ()) -> tuple[str, ...]:
     """Builtin operations + entry points + ``extra_modules``, each loaded once; returns every operation name."""
     return _default.ensure_loaded(extra_modules)
+
+
+def _import_hint(name: str, error: Exception) -> str:
+    """What to do when the module itself is not found: it must be importable (installed, or its folder on
+    PYTHONPATH); the ``farm`` script does not look in the current folder, where ``pkg/`` often is."""
+    if not isinstance(error, ModuleNotFoundError) or not error.name or not name.startswith(error.name):
+        return ""
+    import os
+    import sys
+
+    top = name.split(".")[0]
+    here = os.getcwd()
+    found = os.path.isdir(os.path.join(here, top)) or os.path.exists(os.path.join(here, f"{top}.py"))
+    if found and here not in map(os.path.abspath, sys.path):
+        return (f" ({top} is in the current folder, which is not on the import path: run with PYTHONPATH=. "
+                f"or install the package, e.g. pip install -e .)")
+    return " (the module must be importable: install its package, or put the folder holding it on PYTHONPATH)"

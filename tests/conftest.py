@@ -59,3 +59,32 @@ def redis_db(redis_srv):
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_srv(tmp_path_factory: pytest.TempPathFactory):
+    """A private RabbitMQ node for the whole session (servers.RabbitMQNode: own node name, ports, data, cookie);
+    never the machine's RabbitMQ. Without rabbitmq-server the test skips, or fails when CI=true."""
+    from servers import RABBITMQ_HINT, rabbitmq_binaries, rabbitmq_node
+
+    if rabbitmq_binaries() is None:
+        message = f"rabbitmq-server is not installed, so the RabbitMQ tests cannot start their own node: {RABBITMQ_HINT}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """A real headless Chromium (tests/browser.py) for the session; skips without it, fails when CI=true."""
+    from browser import HINT, binaries, headless_chromium
+
+    if binaries() is None:
+        message = f"chromium or chromedriver is not installed, so the page is not opened in a browser: {HINT}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    with headless_chromium() as session:
+        yield session

@@ -273,39 +273,15 @@ def wait_busy(f: FaultFleet, timeout: float = 60) -> None:
     wait_for(busy, timeout, "a worker to start a group")
 
 
-def rabbitmq_available() -> bool:
-    if shutil.which("rabbitmqctl") is None:
-        return False
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        return s.connect_ex(("127.0.0.1", 5672)) == 0
-
-
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
-
-
 @contextlib.contextmanager
-def rabbitmq_vhost() -> Iterator[str]:
-    """A vhost of its own on the machine's RabbitMQ (127.0.0.1:5672, guest/guest), removed afterwards; never the
-    default vhost. Without RabbitMQ the test is skipped, or fails when CI=true."""
-    if not rabbitmq_available():
-        message = "RabbitMQ is not running on 127.0.0.1:5672 (python3 tools/dev.py rabbitmq starts a private one)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    name = f"farm-test-{uuid.uuid4().hex[:8]}"
-    _rabbitmqctl("add_vhost", name)
-    try:
-        _rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-        yield f"amqp://guest:guest@127.0.0.1:5672/{name}"
-    finally:
-        _rabbitmqctl("delete_vhost", name)
+def rabbitmq_vhost(node: Any) -> Iterator[str]:
+    """A vhost of its own on the session's private RabbitMQ node (the ``rabbitmq_srv`` fixture), removed
+    afterwards: its AMQP URL. The machine's RabbitMQ is never used."""
+    with node.vhost() as url:
+        yield url
 
 
-def queue_types(amqp_url: str) -> dict[str, str]:
-    """Queue name -> type (classic, quorum) in the vhost of ``amqp_url``."""
-    vhost = amqp_url.rsplit("/", 1)[1]
-    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "type", "--no-table-headers"],
-                         check=True, capture_output=True, text=True, timeout=60).stdout
-    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+def queue_types(node: Any, amqp_url: str) -> dict[str, str]:
+    """Queue name -> type (classic, quorum) in the vhost of ``amqp_url`` on ``node``."""
+    types: dict[str, str] = node.queue_types(amqp_url.rsplit("/", 1)[1])
+    return types

@@ -84,11 +84,12 @@ class _Lines:
 
 @pytest.fixture(params=["redis", "rabbitmq"])
 def broker(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    """The broker for scenarios that run on both: None (the fleet's private Redis) or a RabbitMQ vhost."""
+    """The broker for scenarios that run on both: None (the fleet's private Redis) or a vhost of the session's
+    private RabbitMQ node."""
     if request.param == "redis":
         yield None
     else:
-        with rabbitmq_vhost() as url:
+        with rabbitmq_vhost(request.getfixturevalue("rabbitmq_srv")) as url:
             yield url
 
 
@@ -179,7 +180,7 @@ def test_a_frozen_coordinator_loses_its_leases_and_never_publishes_after_a_secon
         assert_exactly_once(f, PROBLEMS)
 
 
-def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, broker):
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, broker, request):
     with fault_fleet(tmp_path, ("cpu:0", "cpu:1"), broker) as f:
         coordinator = Coordinator(f, write_catalog(tmp_path / "c.toml", CATALOG))
         coordinator.start()
@@ -189,7 +190,7 @@ def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(tmp_path, broker):
         finished_cleanly(summary)
         assert_exactly_once(f, PROBLEMS)
         if broker is not None:  # RabbitMQ: the farm's queues are quorum queues
-            types = queue_types(broker)
+            types = queue_types(request.getfixturevalue("rabbitmq_srv"), broker)
             assert {t for name, t in types.items() if name.startswith("farm.fp.")} == {"quorum"}, types
 
 

@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from farm_helpers import Fleet, fleet, write_catalog
-from servers import free_port, wait_for
+from servers import free_port, start_worker, wait_for, wait_worker_ready
 
 from farm.errors import ConfigError
 from farm_workers.flower import check_basic_auth, credentials, flower_argv, run_flower
 
 USER, PASSWORD = "operator", "s3cret-flower-pass"
+KERNELS = ("farm_testops", "farm_uxops")  # farm_uxops: uxtest_broken, whose reference fails every group
 SCALE = """
 [[problems]]
 operation = "farmtest_scale"
@@ -98,8 +99,12 @@ def flower_process(f: Fleet, directory: Path) -> Iterator[Flower]:
 @pytest.fixture(scope="module")
 def farm_with_flower(redis_srv, tmp_path_factory):
     directory = tmp_path_factory.mktemp("flower")
-    with fleet(redis_srv, directory, ("cpu:0",)) as f, flower_process(f, directory) as flower:
-        yield f, flower
+    with fleet(redis_srv, directory, ()) as f:
+        worker = start_worker("cpu:0", f.broker, f.results_url, directory, f.env, kernels=KERNELS)
+        f.workers.append(worker)
+        wait_worker_ready(worker, f.client(), f.settings.prefix)
+        with flower_process(f, directory) as flower:
+            yield f, flower
 
 
 def nodename(f: Fleet) -> str:
@@ -231,3 +236,26 @@ def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_wi
     # Named per operation, so Flower's pages and metrics split by operation.
     # (the coordinator's task-sent event keeps the registered name farm.run_groups)
     assert "farm.run_groups:farmtest_scale" in flower.json("/api/task/types")["task-types"]
+
+
+@pytest.mark.servers
+def test_a_group_that_failed_in_the_farm_is_a_failure_in_flower_with_the_groups_error(farm_with_flower, tmp_path):
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
+
+    f, flower = farm_with_flower
+    worker = nodename(f)
+    wait_for(lambda: flower.json("/api/workers?status=1").get(worker), 30, "Flower to receive the worker's events")
+    broken = '[[problems]]\noperation = "uxtest_broken"\nworkloads = [{ n = 64, dtype = "float64" }]\n'
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", broken), KERNELS)
+    summary = tune(catalog, settings=f.settings, **f.coordinator())
+    assert summary.published == 0 and summary.failed  # the farm saw the failure ...
+
+    def failed() -> list[dict[str, Any]]:
+        tasks = flower.json("/api/tasks")
+        return [t for t in tasks.values() if t.get("name") == "farm.run_groups:uxtest_broken"
+                and t.get("state") == "FAILURE"]
+
+    (task, *_) = wait_for(failed, 30, "the failed group's task to appear in /api/tasks as FAILURE")  # ... Flower too
+    assert "groups failed in the farm" in str(task.get("exception")) and "reference" in str(task.get("exception"))
+    assert "Traceback" not in f.workers[0].output()  # an expected outcome, logged as one line

@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,10 +96,35 @@ def test_the_exporter_serves_counters_workers_and_queue_depths(redis_srv, tmp_pa
     assert seen[("farm_queue_depth", (("fingerprint", "fp1"),))] == 2
 
 
-def test_an_unreachable_redis_is_farm_up_0_not_a_failed_scrape(tmp_path):
-    dead = f"redis://127.0.0.1:{free_port()}"
-    with exporter(f"{dead}/1", f"{dead}/0", "tdead", tmp_path) as port:
+def test_a_redis_that_goes_away_while_serving_is_farm_up_0_not_a_failed_scrape(tmp_path):
+    from servers import redis_server
+
+    with redis_server(tmp_path / "redis") as server, exporter(server.url(1), server.url(0), "tgone", tmp_path) as port:
+        assert scrape(port)[("farm_up", ())] == 1
+        server.process.terminate()
+        server.process.wait(20)
         assert scrape(port)[("farm_up", ())] == 0
+
+
+def test_farm_metrics_with_redis_down_at_start_exits_2_with_one_line_naming_the_server(tmp_path):
+    dead = f"redis://127.0.0.1:{free_port()}"
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "metrics", "--redis", f"{dead}/1", "--port",
+                           str(free_port())], capture_output=True, text=True, env=farm_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("farm: error: cannot reach Redis at 127.0.0.1:") and "--redis" in line
+
+
+def test_farm_metrics_on_a_port_in_use_names_the_address(redis_srv, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "farm_cli", "metrics", "--redis", redis_srv.url(1), "--port",
+                               str(port)], capture_output=True, text=True, env=farm_env(), timeout=60)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"farm: error: cannot serve metrics on 127.0.0.1:{port}: ") and "--port" in line
 
 
 def test_a_fleet_run_through_farm_tune_is_counted(redis_srv, tmp_path):

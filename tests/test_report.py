@@ -77,7 +77,7 @@ def test_a_missing_archive_is_a_clear_error(tmp_path):
 def test_the_report_summarizes_the_environment_names_the_archive_and_scales_every_ratio(tmp_path):
     import shutil
 
-    from farm_coordinator.report import environment_summary, ratio_ticks
+    from farm_coordinator.report import axis_range, environment_summary, ratio_ticks
 
     archive = archive_from_embedded_run(tmp_path)
     out = tmp_path / "report.html"
@@ -95,9 +95,9 @@ def test_the_report_summarizes_the_environment_names_the_archive_and_scales_ever
     labels = dict(fingerprint["environment"])
     assert {"device", "threads", "driver", "compiler", "build"} <= set(labels)
     assert "logical cores" in labels["device"] and "cpus=" in labels["threads"] and "blas=" in labels["threads"]
-    for problem in fingerprint["problems"]:
-        ratios = [r for c in problem["candidates"] for r in c["ratios"]] + [1.0]
-        assert min(problem["ticks"]) <= min(ratios) and max(problem["ticks"]) >= max(ratios)
+    for problem in fingerprint["problems"]:  # the ticks bracket every ratio but the outlier pairs
+        low, high = axis_range(problem["candidates"], fingerprint["min_speedup"])
+        assert min(problem["ticks"]) <= low <= 1.0 <= high <= max(problem["ticks"])
     assert environment_summary("not an encoding") == [("fingerprint", "not an encoding")]
     ticks = ratio_ticks(0.011, 1.05)
     assert ticks[0] <= 0.011 and ticks[-1] >= 1.05 and 1.0 in ticks

@@ -8,7 +8,8 @@ Triton tier: ``.venv-triton`` (torch and triton, built once) and ``tests/triton`
 (``-m gpu``: the device variants, compiled).
 
 Needs only Python 3.11+ and the system package manager: it creates ``.venv``, installs the farm with its
-development extras, installs ``redis-server`` with apt-get when tests need it and it is missing, then runs.
+development extras, installs ``redis-server``, ``rabbitmq-server`` and ``chromium``/``chromium-driver`` with apt-get
+when tests need them and they are missing, then runs.
 Standard library only, on purpose.
 """
 
@@ -229,33 +230,27 @@ def ensure_redis() -> None:
 
 
 def ensure_rabbitmq() -> None:
-    """The RabbitMQ tests use 127.0.0.1:5672 (guest/guest) with a vhost of their own. Where no server answers
-    there, start a private one (data and logs under .venv/rabbitmq); without rabbitmq-server say so and go on
-    (those tests skip, or fail when CI=true)."""
-    import socket
-    import time
+    """The RabbitMQ tests start a private node of their own (tests/servers.py RabbitMQNode: own node name, ports,
+    data and cookie; never the machine's RabbitMQ on 5672): they need rabbitmq-server installed, nothing running."""
+    if shutil.which("rabbitmq-server") is None and not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
+        _install_for_tests("the RabbitMQ tests", "rabbitmq-server")
 
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        if s.connect_ex(("127.0.0.1", 5672)) == 0:
-            return
-    server = shutil.which("rabbitmq-server")
-    if server is None:
-        print("dev.py: rabbitmq-server is not installed: the RabbitMQ tests will skip (apt-get install rabbitmq-server)")
+
+def ensure_browser() -> None:
+    """The report's page is tested in a real headless Chromium (tests/browser.py): the distribution's chromium
+    and chromedriver, never a browser download."""
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        _install_for_tests("the report's browser tests", "chromium", "chromium-driver")
+
+
+def _install_for_tests(what: str, *packages: str) -> None:
+    """apt-get install ``packages``; without apt-get say what to install and go on (``what`` then skips, or fails
+    when CI=true)."""
+    if shutil.which("apt-get") is None:
+        print(f"dev.py: {what} need {' '.join(packages)}: install them with your system package manager "
+              "(they skip without them, and fail when CI=true)")
         return
-    base = VENV / "rabbitmq"
-    base.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, RABBITMQ_MNESIA_BASE=str(base / "mnesia"), RABBITMQ_LOG_BASE=str(base / "log"),
-               RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT="5672")
-    run(server, "-detached", env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.settimeout(1.0)
-            if s.connect_ex(("127.0.0.1", 5672)) == 0:
-                return
-        time.sleep(1.0)
-    print("dev.py: the private RabbitMQ did not start within 60 s; see .venv/rabbitmq/log")
+    apt_install(*packages)
 
 
 def main(argv: list[str]) -> int:
@@ -274,6 +269,7 @@ def main(argv: list[str]) -> int:
     if command == "test":
         ensure_redis()
         ensure_rabbitmq()
+        ensure_browser()
         run(str(BIN / "ruff"), "check", ".")
         typecheck()
         return subprocess.call([str(BIN / "python"), "-m", "pytest", *rest])

@@ -30,7 +30,15 @@ from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
 from farm_fleet.errors import DeviceQuarantined, StoreUnavailable
-from farm_fleet.protocol import GROUP_TASK, PING_TASK, GroupKey, GroupResult, GroupTask, ProtocolError
+from farm_fleet.protocol import (
+    GROUP_TASK,
+    PING_TASK,
+    STATUS_OK,
+    GroupKey,
+    GroupResult,
+    GroupTask,
+    ProtocolError,
+)
 from farm_fleet.results import RedisResults, ResultsStore, Runner
 from farm_fleet.settings import Settings
 from farm_workers.tasks import WorkerContext, run_groups
@@ -104,8 +112,8 @@ class FarmWorker:
 
     def record_failure(self, args: Any, exc: BaseException) -> None:
         """Store a failed result for every group of a failed task that has none."""
-        if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError)):
-            return  # an infrastructure outage is no verdict on the group: the coordinator sends it again
+        if isinstance(exc, (StoreUnavailable, MaxRetriesExceededError, GroupsFailed)):
+            return  # an outage is no verdict on the group (sent again); failed groups have their results stored
         try:
             store = self.failure_store()
             here = Runner.here(_worker_id())
@@ -164,6 +172,8 @@ def create_app(settings: Settings | None = None) -> Celery:
     app.conf.farm_worker = worker
 
     class GroupsTask(Task):
+        throws = (GroupsFailed,)  # an expected outcome: logged as one line, not as an error with a traceback
+
         def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
             worker.record_failure(args, exc)
 
@@ -178,6 +188,9 @@ def create_app(settings: Settings | None = None) -> Celery:
             batch = run_groups(messages, ctx)
             if batch.unreached:
                 ctx.results.unrun(batch.unreached)
+            failed = [r for r in batch.results if r.get("status") != STATUS_OK]
+            if failed:  # stored for the coordinator already; the task's state says so too (Flower: FAILURE)
+                raise GroupsFailed.of(failed, len(batch.results))
             return batch.results
         except DeviceQuarantined as e:
             # Back to the queue for another worker of the same fingerprint; this one stops consuming.
@@ -193,6 +206,19 @@ def create_app(settings: Settings | None = None) -> Celery:
         return {"pong": os.environ.get(WORKER_ID_VARIABLE, ""), "pid": os.getpid()}
 
     return app
+
+
+class GroupsFailed(Exception):
+    """Raised when groups of a task failed in the farm (their failed results are stored, so nothing is retried):
+    the Celery task ends in state FAILURE, as Flower shows it, with each failed group and its error."""
+
+    @classmethod
+    def of(cls, failed: list[dict[str, Any]], total: int) -> GroupsFailed:
+        """The error for ``failed`` result dicts out of ``total`` (one argument: it pickles as it is)."""
+        lines = "; ".join(f"{r.get('problem_id', '?')}/{r.get('group', '?')}: {r.get('error') or r.get('status')}"
+                          for r in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        return cls(f"{len(failed)} of {total} groups failed in the farm: {lines}{more}")
 
 
 def _sender_worker(sender: Any) -> FarmWorker | None:

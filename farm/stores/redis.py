@@ -26,6 +26,7 @@ from farm.identity import key_environment
 from farm.nearest import NearestHit, NearestQuery
 from farm.stores import redis_nearest
 from farm.stores.base import DecisionRecord, Publication, key_sha256
+from farm.stores.regimes import RegimeCheck
 
 log = logging.getLogger(__name__)
 # The "farm" library: publication (publish.lua) and the nearest-decision lookup (nearest.lua), one FUNCTION LOAD.
@@ -136,6 +137,10 @@ class RedisDecisions:
         self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
         self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
+        self._regimes = RegimeCheck(
+            "the fleet Redis", lambda: dict(self.client.hgetall(self.settings.fingerprints_key)),
+            lambda digest, key: bool(self.client.hexists(self.settings.decisions_key(digest), field_for(key))),
+            lambda digest: (raw for _, raw in self.client.hscan_iter(self.settings.decisions_key(digest), count=100)))
 
     # -- fleet-tier reads ---------------------------------------------------------------------------------
 
@@ -161,6 +166,7 @@ class RedisDecisions:
             return None
         self._backoff = self._backoff_initial
         if raw is None:
+            self._regimes.missed(cache_key, self._digest(cache_key))  # says once if another regime has decisions
             return None
         return DecisionRecord.from_json(raw, expected_key=cache_key)
 
