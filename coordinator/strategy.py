@@ -17,7 +17,8 @@ Contract of a strategy (what makes a restarted coordinator resume without re-run
 - ``propose`` depends only on its arguments. A coordinator killed and restarted reloads the results stored under
   the problem's round and asks again: the same results give the same asks, so finished groups are reused.
 - It never proposes a group that has a result or is in flight (such asks are dropped), nor more than
-  ``capacity`` asks (the rest are dropped); a group name is unique within the problem, ``"confirm"`` excluded.
+  ``capacity`` asks (the first ``capacity`` of the others are kept); a group name is unique within the problem
+  and never ``"confirm"`` (the confirmation's group).
 - It proposes finitely many groups: once the budget is spent every ask is answered NOT_TRIED at once, and the
   step asks again until the strategy proposes nothing.
 """
@@ -81,8 +82,8 @@ def next_tasks(plan: PlannedProblem, state: ProblemState, budget: float, strateg
     not_tried: list[GroupResult] = []
     while len(tasks) < capacity:
         room = capacity - len(tasks)
-        asks = [a for a in strategy.propose(plan, results, frozenset(in_flight), room)[:room]
-                if a.group not in results and a.group not in in_flight]
+        asks = [a for a in strategy.propose(plan, results, frozenset(in_flight), room)
+                if a.group not in results and a.group not in in_flight][:room]
         if not asks:
             break
         spent = sum(r.search_seconds for r in results.values())
