@@ -1,14 +1,14 @@
 """The coordinator's problems as an explicit state machine, and the board that owns their state.
 
 Each problem of a run is a frozen plan (``farm_coordinator.plan.PlannedProblem``) and one :class:`ProblemState`
-that only the :class:`Board`'s named transitions change. Each problem is in exactly one stage; events (a lease taken or lost, a group result, a decision, a
-confirmation, a publication, a timeout) move it along the allowed transitions below, in O(1) per event. The
-board keeps each state's members as an insertion-ordered set, so upkeep visits only the problems in the states
-it cares about (never every problem of the run).
+that only the :class:`Board`'s named transitions change; everything else reads it. Each problem is in exactly one
+stage; events (a lease taken or lost, a group result, a decision, a confirmation, a publication, a timeout) move
+it along the allowed transitions below, in O(1) per event. The board keeps each stage's members as an
+insertion-ordered set, so upkeep visits only the problems in the stages it cares about (never every problem).
 
 ::
 
-    waiting ──lease──> queued ──first group sent──> running ──all groups back──> confirming ──> published
+    waiting ──lease──> queued ──first group sent──> running ──search ended──> confirming ──> published
        ^  │                │                            │                            │
        │  └─decided elsewhere / timeout──> published | failed <──────────────────────┘
        └──────────── lease lost (another coordinator holds the problem now) ───────────┘

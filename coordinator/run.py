@@ -1,11 +1,14 @@
 """A tuning run: target live fingerprints, dispatch group tasks with backpressure, aggregate, confirm, publish.
 
-The run drives the state machine of ``farm_coordinator.machine``: every event does O(1) work on its problem, and
-upkeep (leases, waiting problems, confirmations) visits only the problems in the states it concerns. What it holds
+The run drives the board of ``farm_coordinator.machine`` (each problem's state, changed through its transitions):
+every event does O(1) work on its problem, and upkeep (``farm_coordinator.claims``: leases, waiting problems,
+confirmations) visits only the problems in the stages it concerns. What is sent next is the search strategy's
+choice (``farm_coordinator.strategy``). What it holds
 is bounded by its window of leased problems, not by the catalog: problems are made as they are taken
 (``farm_coordinator.plan.Planner``), leave the board once final, and the summary keeps counts, one compact entry
-per problem and the full aggregates of the first ``keep_aggregates`` only. Decisions are published in batches (one
-sink call, each publication still atomic and fenced) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. Faults:
+per problem and the full aggregates of the first ``keep_aggregates`` only. Decisions are published in batches
+(``farm_coordinator.publish``: one sink call, each publication still atomic and fenced) of up to ``PUBLISH_BATCH``
+or ``PUBLISH_WAIT`` seconds; how problems leave the run is ``farm_coordinator.settle``'s. Faults:
 a Redis or broker outage is waited out (back-off, never a traceback); a lost group is sent again (bounded by
 ``FARM_MAX_ATTEMPTS`` losses, then the problem fails: none is published with a group missing); a lost lease stops
 the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
