@@ -91,3 +91,10 @@ def test_without_a_second_device_the_winner_is_unconfirmed_or_withheld() -> None
     assert published.record is not None and published.record.meta["confirmation"].startswith("unconfirmed: no second")
     withheld = unconfirmed(first_verdict(), StackPolicy(require_confirmation=True))
     assert withheld.record is None and withheld.winner is None
+
+
+def test_applying_a_confirmation_returns_a_new_verdict_and_leaves_the_first_one_as_it_was() -> None:
+    first = first_verdict()
+    confirmed = confirm(first, second(), StackPolicy())
+    assert first.confirmation is None and first.record is not None and first.record.meta["confirmation"] is None
+    assert confirmed.confirmation is not None and confirmed is not first and confirmed.problem is first.problem
