@@ -47,7 +47,7 @@ class Counts:
         from farm_fleet.protocol import STATUS_NOT_TRIED
 
         if aggregate is not None:
-            self.not_tried += sum(1 for r in aggregate.problem.results.values() if r.status == STATUS_NOT_TRIED)
+            self.not_tried += sum(1 for r in aggregate.results.values() if r.status == STATUS_NOT_TRIED)
 
     def why_fewer(self) -> str:
         """At the end of a run whose trials fall short of the plan: why (``""`` when they do not)."""

@@ -5,8 +5,10 @@ list the workers report; nothing here consults the kernel registry."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from farm.environment import farm_version
@@ -15,7 +17,7 @@ from farm.scoring import Standing, judge
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
-from farm_coordinator.plan import Problem
+from farm_coordinator.plan import PlannedProblem
 from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
@@ -30,9 +32,11 @@ META_FIELDS = (
 class Aggregate:
     """A problem's verdict. ``record`` is None when nothing can be published (every group failed, or
     validation is unavailable); ``error`` then says why. ``judged`` lists every candidate with its note.
-    ``budget_exhausted``: the budget or ``max_candidates`` stopped the problem's search early."""
+    ``budget_exhausted``: the budget or ``max_candidates`` stopped the problem's search early. ``results``: the
+    group results it was decided from (plan order); ``confirmation``: the second device's result, once applied.
+    Frozen, and no function here changes anything it is given: each step returns a new Aggregate."""
 
-    problem: Problem
+    problem: PlannedProblem
     record: DecisionRecord | None
     judged: tuple[CandidateReport, ...]
     winner: str | None
@@ -41,20 +45,29 @@ class Aggregate:
     trial_seconds: float
     winner_worker: str | None = None
     budget_exhausted: bool = False
+    results: Mapping[str, GroupResult] = field(default_factory=dict)
+    confirmation: GroupResult | None = None
 
 
-def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
-    results: list[GroupResult] = [problem.results[t.group] for t in problem.tasks]
+def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: StackPolicy, run: str,
+              asked: Mapping[str, tuple[tuple[str, str], ...]] | None = None) -> Aggregate:
+    """The decision of a problem from its group results ``told`` (every group of its search answered), by the
+    in-process rule. ``asked``: the candidates of groups the plan does not name (a strategy's own groups)."""
+    planned = [t.group for t in problem.tasks]
+    order = [g for g in planned if g in told] + [g for g in told if g not in planned]
+    by_group: dict[str, GroupResult] = {g: told[g] for g in order}
+    results: list[GroupResult] = list(by_group.values())
+    failed = functools.partial(_failure, problem, by_group)
     trial_seconds = sum(r.trial_seconds for r in results)
     ok = [r for r in results if r.status == STATUS_OK]
     if any(r.status == STATUS_VALIDATION_UNAVAILABLE for r in results):
-        return Aggregate(problem, None, (), None, None, "validation unavailable: the reference output cannot be read back", trial_seconds)
+        return failed("validation unavailable: the reference output cannot be read back", trial_seconds)
     if not ok:
         errors = "; ".join(f"{r.group}: {r.error}" for r in results)
-        return Aggregate(problem, None, (), None, None, f"every group failed ({errors})", trial_seconds)
+        return failed(f"every group failed ({errors})", trial_seconds)
     keys = {r.cache_key for r in ok}
     if len(keys) != 1:
-        return Aggregate(problem, None, (), None, None, "groups disagree on the cache key (mixed builds?)", trial_seconds)
+        return failed("groups disagree on the cache key (mixed builds?)", trial_seconds)
     first = ok[0]
     names = list(first.names)
     position = {name: i for i, name in enumerate(names)}
@@ -66,10 +79,11 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
             worker_of[o.index] = str(r.provenance.get("worker", ""))
     for r in results:
         if r.status != STATUS_OK:
-            task = next(t for t in problem.tasks if t.group == r.group)
+            task = problem.task(r.group)
+            candidates = task.candidates if task is not None else (asked or {}).get(r.group, ())
             not_tried = r.status == STATUS_NOT_TRIED
             verdict = TrialVerdict.NOT_TRIED if not_tried else TrialVerdict.GROUP_FAILED
-            for name, revision in task.candidates:
+            for name, revision in candidates:
                 if name in position and position[name] != 0:
                     outcomes[position[name]] = Outcome(position[name], name, verdict=verdict, note=str(r.error),
                                                        budget_exhausted=not_tried, revision=revision)
@@ -110,21 +124,25 @@ def aggregate(problem: Problem, policy: StackPolicy, run: str) -> Aggregate:
     assert first.cache_key is not None
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
-                     worker_of.get(winner), budget_exhausted)
+                     worker_of.get(winner), budget_exhausted, by_group)
+
+
+def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], error: str, trial_seconds: float) -> Aggregate:
+    return Aggregate(problem, None, (), None, None, error, trial_seconds, results=results)
 
 
 TRIAL_FIELDS = ARCHIVE_TRIAL_FIELDS  # the trial row's fields: defined once, with their types, by the archive schema
 
 
-def trial_rows(problem: Problem, judged: tuple[CandidateReport, ...] = ()) -> list[dict[str, Any]]:
+def trial_rows(agg: Aggregate) -> list[dict[str, Any]]:
     """Every timing pair and verdict behind a problem's decision, with provenance: one row per pair (a
     candidate that produced none gets one row with ``pair`` None); the reference's own samples have role
     "reference". Confirmation trials have role "confirmation"."""
-    notes = {j.name: j.note for j in judged}
+    notes = {j.name: j.note for j in agg.judged}
     rows: list[dict[str, Any]] = []
-    results = [problem.results[t.group] for t in problem.tasks if t.group in problem.results]
-    if problem.confirmation_result is not None:
-        results.append(problem.confirmation_result)
+    results = list(agg.results.values())
+    if agg.confirmation is not None:
+        results.append(agg.confirmation)
     for r in results:
         p = r.provenance
         base = {"run": r.run, "problem_id": r.problem_id, "group": r.group, "host": p.get("host"),
@@ -160,9 +178,9 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
     A contradiction (wrong output there, or decided not faster) keeps the reference, with the reason and the
     rejected winner in the meta. Anything else that fails to reproduce (undecided, out of band, disturbed, a
     failed task) publishes the winner unconfirmed, or nothing when the policy requires confirmation."""
-    assert agg.record is not None
-    agg.problem.confirmation_result = result
     record = agg.record
+    assert record is not None
+    agg = dataclasses.replace(agg, confirmation=result)
     outcome = result.outcomes[0] if result.status == STATUS_OK and result.outcomes else None
     contradicted = None
     reason = None

@@ -9,25 +9,23 @@ taken over when that coordinator's lease expires.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from farm_coordinator.aggregate import unconfirmed
+from rich.console import Console
+
 from farm_coordinator.catalog import Workload
-from farm_coordinator.dispatch import task_key
-from farm_coordinator.machine import ACTIVE, State, Tracked
-from farm_coordinator.plan import Planner, Problem, Target
-from farm_coordinator.ports import REUSED, Settled
+from farm_coordinator.dispatch import Dispatcher, task_key
+from farm_coordinator.machine import ACTIVE, Board, State, Tracked
+from farm_coordinator.plan import PlannedProblem, Planner, Target
+from farm_coordinator.ports import REUSED, Fleet, Leases, Results, Settled
 from farm_coordinator.runview import CONFIRM_GROUP
-from farm_fleet.protocol import GroupKey
+from farm_coordinator.settle import Settlement
+from farm_coordinator.sinks import Sink
+from farm_fleet.protocol import GroupKey, GroupResult
 from farm_fleet.results import reusable
-
-if TYPE_CHECKING:
-    from farm_coordinator.ports import RunState
-
+from farm_fleet.settings import Settings
 
 SURVEY_CHUNK = 1000  # problem ids per read of the sink's problem index while counting
 
@@ -43,27 +41,42 @@ class Survey:
     decided: set[str] = field(default_factory=set)
 
 
+@dataclass
+class Taken:
+    """What a claim or upkeep step leaves the run to do: the problems newly leased (queued, in claim order), the
+    successful results stored under their rounds (to reuse), and confirmations given up on (with the reason)."""
+
+    mine: list[Tracked] = field(default_factory=list)
+    reused: list[GroupResult] = field(default_factory=list)
+    gave_up: list[tuple[Tracked, str]] = field(default_factory=list)
+
+
 class Claims:
-    def __init__(self, run: RunState) -> None:
-        self.run = run
+    """The leases of one run (``run``: its id, the leases' holder) over the problems of its ``board``."""
+
+    def __init__(self, run: str, board: Board, leases: Leases, sink: Sink, settle: Settlement, settings: Settings,
+                 console: Console, dispatcher: Dispatcher, results: Results | None = None, force: bool = False) -> None:
+        self.run, self.board, self.leases, self.sink, self.settle = run, board, leases, sink, settle
+        self.settings, self.console, self.results, self.force = settings, console, results, force
+        self.dispatcher = dispatcher
         self.planner: Planner | None = None
         self.backlog: Iterator[tuple[str, Target, Workload]] = iter(())  # never tried yet, in plan order
         self.left = 0  # problems the backlog still holds
         self.elsewhere: dict[str, None] = {}  # tried: held by another coordinator
-        self.window = max(256, 4 * run.settings.max_in_flight)
+        self.window = max(256, 4 * settings.max_in_flight)
         self.wait_interval = 0.5
 
-    def survey(self, planner: Planner, force: bool) -> Survey:
+    def survey(self, planner: Planner) -> Survey:
         """Count the run's problems in one pass (chunked reads of the sink's problem index), record those already
         decided in the summary, and start the backlog over the others; no problem is built here."""
         found = Survey()
         pairs = planner.pairs()
         while chunk := [(planner.problem_id(t, w), t, w) for t, w in itertools.islice(pairs, SURVEY_CHUNK)]:
-            decided = set() if force else self._decided_ids(chunk)
+            decided = set() if self.force else self._decided_ids(chunk)
             for pid, target, workload in chunk:
                 if pid in decided:
                     found.decided.add(pid)
-                    self.run.summary.decided_elsewhere(Settled(pid, target, workload, REUSED))
+                    self.settle.summary.decided_elsewhere(Settled(pid, target, workload, REUSED))
                     continue
                 groups = planner.groups(target, workload)
                 found.problems += 1
@@ -74,7 +87,7 @@ class Claims:
                         if (pid := planner.problem_id(t, w)) not in found.decided)
         return found
 
-    def decided(self, problems: list[Problem]) -> set[str]:
+    def decided(self, problems: list[PlannedProblem]) -> set[str]:
         """Which of ``problems`` have a published decision (one read per fingerprint)."""
         return self._decided_ids([(p.problem_id, p.target, p.workload) for p in problems])
 
@@ -84,7 +97,7 @@ class Claims:
             by_digest.setdefault(target.digest, []).append(pid)
         found: set[str] = set()
         for digest, pids in by_digest.items():
-            found |= self.run.sink.decided(digest, pids)
+            found |= self.sink.decided(digest, pids)
         return found
 
     def rest(self) -> Iterator[tuple[str, Target, Workload]]:
@@ -94,23 +107,23 @@ class Claims:
             yield item
         self.left = 0
 
-    def refill(self) -> None:
+    def refill(self) -> Taken:
         """Lease more problems from the backlog once fewer than half the window are held."""
-        active = self.run.board.count(*ACTIVE)
+        active = self.board.count(*ACTIVE)
         if not self.left or active > self.window // 2:
-            return
+            return Taken()
         assert self.planner is not None
         take = list(itertools.islice(self.backlog, min(self.left, self.window - active)))
         self.left = self.left - len(take) if take else 0
-        self.claim(self.run.board.add([self.planner.problem(t, w, pid) for pid, t, w in take]))
+        return self.claim(self.board.add([self.planner.problem(t, w, pid) for pid, t, w in take]))
 
-    def claim(self, candidates: list[Tracked]) -> None:
-        """Lease what is free, give each leased problem its round, reuse the successful results stored under it
-        (failed ones are discarded: they run again), queue the rest. The others are held elsewhere."""
-        run = self.run
+    def claim(self, candidates: list[Tracked], taken: Taken | None = None) -> Taken:
+        """Lease what is free, give each leased problem its round, find the successful results stored under it
+        (failed ones are discarded: they run again). The others are held elsewhere."""
+        taken = taken or Taken()
         if not candidates:
-            return
-        held = run.leases.acquire([t.pid for t in candidates], run.run)
+            return taken
+        held = self.leases.acquire([t.pid for t in candidates], self.run)
         for t in candidates:
             if t.pid in held:
                 self.elsewhere.pop(t.pid, None)
@@ -118,64 +131,53 @@ class Claims:
                 self.elsewhere[t.pid] = None
         mine = [t for t in candidates if t.pid in held]
         if not mine:
-            return
-        rounds = run.leases.rounds([t.pid for t in mine], run.run, fresh=run.force)
+            return taken
+        rounds = self.leases.rounds([t.pid for t in mine], self.run, fresh=self.force)
         for t in mine:
-            t.lease, t.round = held[t.pid], rounds[t.pid]
-            t.problem.tasks = [dataclasses.replace(task, run=t.round) for task in t.problem.tasks]
-            t.problem.results.clear()
-            t.problem.sent.clear()  # nothing of an earlier claim is in flight for us any more: send again
-            t.problem.confirmation = t.problem.confirmation_result = None
-            t.sends.clear()
-            t.lost.clear()
-            t.verdict = None
-            run.board.move(t.pid, State.QUEUED)
-        if run.results is not None:
-            keys = [task_key(task) for t in mine for task in t.problem.tasks]
+            self.board.claimed(t.pid, held[t.pid], rounds[t.pid])
+        taken.mine.extend(mine)
+        if self.results is not None:
+            keys = [task_key(task) for t in mine for task in t.plan.in_round(rounds[t.pid])]
             stale = []
-            for key, found in zip(keys, run.results.get_many(keys), strict=True):
+            for key, found in zip(keys, self.results.get_many(keys), strict=True):
                 if reusable(found):
                     assert found is not None
-                    run.on_result(found, reused=True)
+                    taken.reused.append(found)
                 elif found is not None:
                     stale.append(key)
             if stale:
-                run.results.discard(stale)
-        for t in mine:
-            if t.state is State.QUEUED:
-                run.queue_next(t)
+                self.results.discard(stale)
+        return taken
 
-    def upkeep(self) -> None:
+    def upkeep(self, fleet: Fleet) -> Taken:
         """Renew our leases (stop working on lost ones), settle problems others decided, take over problems whose
         holder went away, and give up on confirmations whose worker (incarnation) went away."""
-        run = self.run
-        run.runlog.update(run.run, run.groups_done, run.summary.published)
-        active = {t.pid: t.lease for t in run.board.members(*ACTIVE) if t.lease is not None}
-        for pid in run.leases.renew(active) if active else set():
-            self.lose(run.board[pid])
-        waiting = [run.board[pid] for pid in self.elsewhere]
+        taken = Taken()
+        active = {t.pid: t.state.lease for t in self.board.members(*ACTIVE) if t.state.lease is not None}
+        for pid in self.leases.renew(active) if active else set():
+            self.lose(self.board[pid])
+        waiting = [self.board[pid] for pid in self.elsewhere]
         if waiting:
-            decided = set() if run.force else self.decided([t.problem for t in waiting])
+            decided = set() if self.force else self.decided([t.plan for t in waiting])
             for t in waiting:
                 if t.pid in decided:
                     self.elsewhere.pop(t.pid, None)
-                    run.summary.decided_elsewhere(t.problem)
-                    run.board.move(t.pid, State.PUBLISHED, "decided by another coordinator")
-                    run.settled("reused")
+                    self.settle.elsewhere(t)
             before = len(self.elsewhere)
-            self.claim([t for t in waiting if t.state is State.WAITING])
+            self.claim([t for t in waiting if t.stage is State.WAITING], taken)
             progressed = len(self.elsewhere) < before or decided
-            self.wait_interval = 0.5 if progressed else min(self.wait_interval * 2, max(0.5, run.settings.lease_ttl / 3))
-        for t in run.board.members(State.CONFIRMING):
-            if t.confirmer is not None and not run.fleet.alive(*t.confirmer):
-                run.dispatcher.forget([GroupKey(t.round or "", t.pid, CONFIRM_GROUP)])
-                run.conclude(unconfirmed(t.problem.confirmation, run.policy,
-                                         f"unconfirmed: confirming worker {t.confirmer[0]} went away"))
+            self.wait_interval = 0.5 if progressed else min(self.wait_interval * 2, max(0.5, self.settings.lease_ttl / 3))
+        for t in self.board.members(State.CONFIRMING):
+            confirmer = t.state.confirmer
+            if confirmer is not None and not fleet.alive(*confirmer):
+                self.dispatcher.forget([GroupKey(t.state.round or "", t.pid, CONFIRM_GROUP)])
+                taken.gave_up.append((t, f"unconfirmed: confirming worker {confirmer[0]} went away"))
+        return taken
 
     def lose(self, t: Tracked) -> None:
         """Another coordinator holds the problem now: stop working on it (its queued tasks are skipped)."""
-        self.run.console.log(f"lost the lease of problem {t.pid}; stopped working on it")
-        self.run.dispatcher.forget([task_key(task) for task in t.problem.tasks]
-                                   + [GroupKey(t.round or "", t.pid, CONFIRM_GROUP)])
-        self.run.board.move(t.pid, State.WAITING, "lease lost")
+        round_id = t.state.round or ""
+        self.console.log(f"lost the lease of problem {t.pid}; stopped working on it")
+        self.dispatcher.forget([task_key(task) for task in t.plan.in_round(round_id)] + [GroupKey(round_id, t.pid, CONFIRM_GROUP)])
+        self.board.move(t.pid, State.WAITING, "lease lost")
         self.elsewhere[t.pid] = None

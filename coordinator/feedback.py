@@ -25,6 +25,7 @@ from farm.policy import StackPolicy
 from farm.stores.redis import RedisDecisions
 from farm_coordinator.bans import RedisBans, new_ban, regressed_there_too
 from farm_coordinator.catalog import Catalog, Workload
+from farm_coordinator.ports import RunSummary
 from farm_fleet.protocol import canonical_json
 from farm_fleet.settings import Settings
 
@@ -86,7 +87,7 @@ class FleetRun:
     decided: list[Entry] = field(default_factory=list)
     acknowledged: int = 0
     left: dict[str, int] = field(default_factory=dict)  # reason -> reports left in the stream
-    summaries: list[Any] = field(default_factory=list)
+    summaries: list[RunSummary] = field(default_factory=list)
 
 
 def read_reports(client: Any, settings: Settings, limit: int = READ_LIMIT) -> tuple[list[FleetReport], list[str]]:
@@ -158,7 +159,8 @@ def catalog_for(entries: list[Entry], policy: StackPolicy, kernels: tuple[str, .
 
 
 def tune_from_fleet(
-    client: Any, settings: Settings, policy: StackPolicy, run: Callable[..., Any], kernels: tuple[str, ...] = ()
+    client: Any, settings: Settings, policy: StackPolicy, run: Callable[..., RunSummary],
+    kernels: tuple[str, ...] = ()
 ) -> FleetRun:
     """Tune what the reports ask for. ``run(catalog, fingerprint=..., force=...)`` runs one catalog with the
     usual rules (``farm_coordinator.run.tune`` with the CLI's parts) and returns its RunSummary."""
@@ -215,7 +217,7 @@ def old_winner(decisions: RedisDecisions, entry: Entry) -> str | None:
     return None
 
 
-def ban_regressed(decisions: RedisDecisions, bans: RedisBans, group: list[Entry], summary: Any,
+def ban_regressed(decisions: RedisDecisions, bans: RedisBans, group: list[Entry], summary: RunSummary,
                   policy: StackPolicy) -> None:
     """After a forced re-measure: ban each old winner whose re-measure (read back from the record the run
     published) confirms the reported regression."""

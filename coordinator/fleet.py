@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from farm.runtimes.base import parse_device
+from farm.runtimes.base import ComputeClient, parse_device
 from farm_coordinator.plan import Target
 from farm_fleet import presence
 from farm_fleet.protocol import GroupTask
@@ -47,15 +47,31 @@ class RedisFleet:
         return presence.serving(self.client, self.settings, worker_id, incarnation)
 
 
-class LocalFleet:
-    """The embedded farm's devices: worker contexts in this process (objects with client, worker_id, digest)."""
+class LocalDevice(Protocol):
+    """What the embedded farm's fleet reads of a worker context in this process."""
 
-    def __init__(self, contexts: list[Any]) -> None:
+    @property
+    def client(self) -> ComputeClient: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def digest(self) -> str: ...
+
+
+Device = TypeVar("Device", bound=LocalDevice)
+
+
+class LocalFleet(Generic[Device]):
+    """The embedded farm's devices: worker contexts in this process."""
+
+    def __init__(self, contexts: list[Device]) -> None:
         self.contexts = {c.worker_id: c for c in contexts}
         self._turns = itertools.cycle(list(self.contexts))
 
     def targets(self) -> list[Target]:
-        groups: dict[tuple[str, str], list[Any]] = {}
+        groups: dict[tuple[str, str], list[Device]] = {}
         for c in self.contexts.values():
             groups.setdefault((c.digest, parse_device(c.client.device_id)[0]), []).append(c)
         return [Target(digest, _fingerprint(cs[0]), kind, tuple(c.worker_id for c in cs))
@@ -73,7 +89,7 @@ class LocalFleet:
     def alive(self, worker_id: str, incarnation: str = "") -> bool:
         return worker_id in self.contexts
 
-    def context_for(self, task: GroupTask, queue: str) -> Any:
+    def context_for(self, task: GroupTask, queue: str) -> Device:
         if queue.startswith("local.worker."):
             return self.contexts[queue.removeprefix("local.worker.")]
         for _ in range(len(self.contexts)):
@@ -83,7 +99,7 @@ class LocalFleet:
         raise LookupError(f"no local device of fingerprint {task.fingerprint}")
 
 
-def _fingerprint(context: Any) -> str:
+def _fingerprint(context: LocalDevice) -> str:
     from farm.environment import runtime_environment
 
     return runtime_environment(context.client).fingerprint

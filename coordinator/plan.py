@@ -3,9 +3,10 @@
 A run takes its problems one at a time from a :class:`Planner` (never the whole catalog expanded at once), so what
 it holds grows with the problems it works on, not with the catalog.
 
-Tasks name their candidates (name, revision); the coordinator never works with implementation indices. A problem's
-groups run one after the other, each carrying the budget the earlier ones left (:func:`next_tasks`; the rule is
-``farm.search``'s), so the budget bounds the problem's whole search on the farm as in-process. Tiny groups travel
+Tasks name their candidates (name, revision); the coordinator never works with implementation indices. Which
+groups are sent when is the search strategy's choice (``farm_coordinator.strategy``: today's rule runs the groups
+one after the other, each carrying the budget the earlier ones left), so the budget bounds the problem's whole
+search on the farm as in-process. Tiny groups travel
 in batches (:func:`batch_size`, :func:`in_flight_limit`) so that the broker's cost per task is shared. A candidate
 the fleet banned for a problem (``coordinator/bans.py``) is planned as SKIPPED for that problem only.
 """
@@ -14,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from farm.search import admit, budget_note
+from farm.search import admit
 from farm.trials import Outcome
 from farm_coordinator.catalog import Catalog, Workload
-from farm_fleet.protocol import REFERENCE_GROUP, GroupResult, GroupTask, problem_id
+from farm_fleet.protocol import REFERENCE_GROUP, GroupTask, problem_id
 
 
 @dataclass(frozen=True)
@@ -33,29 +33,30 @@ class Target:
     workers: tuple[str, ...] = ()
 
 
-@dataclass
-class Problem:
-    """One problem of a run: its tasks (in plan order), the candidates planning refused (``skipped``), the groups
-    sent and not yet answered, and the results gathered so far."""
+@dataclass(frozen=True)
+class PlannedProblem:
+    """What the catalog and the fingerprint fix about one problem of a run: its id, target and workload, its group
+    tasks in plan order (under the run's id: the round a claim gives it is state, ``ProblemState.round``) and the
+    candidates planning refused (``skipped``). Frozen: what a run learns about the problem lives on its board."""
 
     problem_id: str
     target: Target
     workload: Workload
-    tasks: list[GroupTask]
-    skipped: list[Outcome] = field(default_factory=list)
-    results: dict[str, Any] = field(default_factory=dict)
-    confirmation: Any = None
-    confirmation_result: Any = None
-    sent: set[str] = field(default_factory=set)
-
-    @property
-    def done(self) -> bool:
-        return len(self.results) == len(self.tasks)
+    tasks: tuple[GroupTask, ...]
+    skipped: tuple[Outcome, ...] = ()
 
     def revision(self, name: str) -> str:
         """The revision of a candidate this problem's tasks name (KeyError for another name)."""
         revisions: dict[str, str] = dict(c for t in self.tasks for c in t.candidates)
         return revisions[name]
+
+    def task(self, group: str) -> GroupTask | None:
+        """The planned task of ``group``, or None for a group the plan does not name."""
+        return next((t for t in self.tasks if t.group == group), None)
+
+    def in_round(self, round_id: str) -> list[GroupTask]:
+        """The planned tasks as sent under ``round_id``."""
+        return [dataclasses.replace(t, run=round_id) for t in self.tasks]
 
 
 @dataclass(frozen=True)
@@ -126,46 +127,24 @@ class Planner:
         return problem_id(target.digest, workload.operation, target.device_kind,
                           self.groups(target, workload).checksum, workload.normalized, self.accuracy)
 
-    def problem(self, target: Target, workload: Workload, pid: str | None = None) -> Problem:
+    def problem(self, target: Target, workload: Workload, pid: str | None = None) -> PlannedProblem:
         """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already)."""
         planned = self.groups(target, workload)
         pid = pid or self.problem_id(target, workload)
         banned = self.bans.get(target.digest, {}).get(pid)
         if banned:
             planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned)
-        tasks = [GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
-                           self.policy_dict, target.digest, self.catalog.kernels) for group, candidates in planned.groups]
-        return Problem(pid, target, workload, tasks, list(planned.refused))
+        tasks = tuple(GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
+                                self.policy_dict, target.digest, self.catalog.kernels)
+                      for group, candidates in planned.groups)
+        return PlannedProblem(pid, target, workload, tasks, planned.refused)
 
 
 def expand(catalog: Catalog, targets: list[Target], run: str,
-           bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> list[Problem]:
+           bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> list[PlannedProblem]:
     """Every problem of the run at once (small catalogs and tests; a run takes them one by one from a Planner)."""
     planner = Planner(catalog, targets, run, bans)
     return [planner.problem(target, workload) for target, workload in planner.pairs()]
-
-
-def next_tasks(problem: Problem, budget: float) -> list[GroupTask]:
-    """The group task to send now, carrying the budget the problem's earlier groups left: none while a group is
-    out or when all have results. The first group carries no number (the whole budget, charging its reference
-    timing, as in-process). A group whose turn comes after the budget is spent is not sent: it gets a NOT_TRIED
-    result here."""
-    spent = sum(r.search_seconds for r in problem.results.values())
-    for task in problem.tasks:
-        if task.group in problem.results:
-            continue
-        if task.group in problem.sent:
-            return []
-        if not problem.results:
-            left = None
-        else:
-            left = budget - spent
-            if left <= 0:
-                problem.results[task.group] = GroupResult.not_tried(task, budget_note(budget))
-                continue
-        problem.sent.add(task.group)
-        return [dataclasses.replace(task, budget=left)]
-    return []
 
 
 WARMUP = 3

@@ -3,25 +3,14 @@
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.catalog import Workload
-from farm_coordinator.plan import Problem, Target
+from farm_coordinator.plan import PlannedProblem, Target
 from farm_fleet.errors import RunInterrupted
-from farm_fleet.protocol import GroupKey, GroupResult, GroupTask
-
-if TYPE_CHECKING:  # types only: these modules import nothing of the run
-    from rich.console import Console
-
-    from farm.policy import StackPolicy
-    from farm_coordinator.dispatch import Dispatcher
-    from farm_coordinator.machine import Board, Tracked
-    from farm_coordinator.sinks import Sink
-    from farm_fleet.settings import Settings
+from farm_fleet.protocol import GroupKey, GroupResult
 
 
 class Fleet(Protocol):
@@ -63,12 +52,16 @@ class Leases(Protocol):
 
 
 class Results(Protocol):
+    """Group results stored under their round (``farm_fleet.results``): read back on a claim, stale ones dropped."""
+
     def get_many(self, keys: list[GroupKey]) -> list[GroupResult | None]: ...
 
     def discard(self, keys: list[GroupKey]) -> None: ...
 
 
 class RunLog(Protocol):
+    """Where a run records its progress for `farm status` (``farm_coordinator.runlog``)."""
+
     def start(self, run: str, catalog: str, groups: int) -> None: ...
 
     def update(self, run: str, done: int, published: int, state: str = "running") -> None: ...
@@ -94,7 +87,7 @@ class RunEvent:
     away / came back). Counts are the run's totals so far."""
 
     kind: str
-    problem: Problem | None
+    problem: PlannedProblem | None
     groups_done: int
     groups_total: int
     published: int
@@ -156,7 +149,7 @@ class RunSummary:
         self.problems.append(Settled(pid, target, workload, RAN, error))
         self.failures += 1
 
-    def decided_elsewhere(self, problem: Problem | Settled) -> None:
+    def decided_elsewhere(self, problem: PlannedProblem | Settled) -> None:
         """A problem decided before this run took it (an earlier run, another coordinator)."""
         self.problems.append(Settled(problem.problem_id, problem.target, problem.workload, REUSED))
         self.decided_before += 1
@@ -176,50 +169,3 @@ def run_interrupted(summary: RunSummary, remaining: int) -> RunInterrupted:
                            f"command again to resume (finished groups are reused, published problems skipped)")
     error.summary = summary
     return error
-
-
-class ClaimsView(Protocol):
-    """What the run's endings read of its claims (``farm_coordinator.claims.Claims``)."""
-
-    left: int  # problems never taken yet (the backlog)
-    elsewhere: dict[str, None]  # problems held by another coordinator
-
-    def rest(self) -> Iterator[tuple[str, Target, Workload]]: ...  # empty the backlog: (id, target, workload)
-
-
-class RunState(Protocol):
-    """The state of one tuning run as its helpers see it (``claims``, ``endings``): the run loop
-    (``farm_coordinator.run``) implements it; the helpers never import the run."""
-
-    run: str
-    force: bool
-    policy: StackPolicy
-    settings: Settings
-    board: Board
-    summary: RunSummary
-    runlog: RunLog
-    groups_done: int
-    dispatcher: Dispatcher
-    results: Results | None
-    leases: Leases
-    fleet: Fleet
-    sink: Sink
-    console: Console
-    queue: deque[tuple[GroupTask, str]]
-
-    @property
-    def claims(self) -> ClaimsView: ...  # read-only here: the run replaces its Claims, helpers only read
-
-    def on_result(self, result: GroupResult, reused: bool = False) -> None: ...
-
-    def queue_next(self, t: Tracked) -> None: ...
-
-    def conclude(self, agg: Aggregate) -> None: ...
-
-    def fail(self, t: Tracked, reason: str, agg: Aggregate | None = None) -> None: ...
-
-    def settled(self, outcome: str, agg: Aggregate | None = None) -> None: ...
-
-    def drain(self) -> None: ...
-
-    def publish_pending(self, flush: bool = False) -> None: ...

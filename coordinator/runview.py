@@ -19,7 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from farm_coordinator.aggregate import Aggregate
-from farm_coordinator.plan import Problem
+from farm_coordinator.plan import PlannedProblem
 from farm_fleet.protocol import GroupTask
 
 if TYPE_CHECKING:
@@ -28,14 +28,24 @@ if TYPE_CHECKING:
 CONFIRM_GROUP = "confirm"
 
 
-def confirm_task(problem: Problem, agg: Aggregate) -> GroupTask:
-    """The task that re-times ``agg``'s winner on a second device (group ``confirm`` of the problem's round),
-    naming it by name and revision as every task does."""
+def confirm_task(problem: PlannedProblem, round_id: str, agg: Aggregate) -> GroupTask:
+    """The task that re-times ``agg``'s winner on a second device (group ``confirm`` of the problem's round
+    ``round_id``), naming it by name and revision as every task does."""
     assert agg.record is not None
     base = problem.tasks[0]
-    winner = (agg.record.name, problem.revision(agg.record.name))
-    return GroupTask(base.run, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
+    winner = (agg.record.name, _revision(problem, agg))
+    return GroupTask(round_id, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
                      base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
+
+
+def _revision(problem: PlannedProblem, agg: Aggregate) -> str:
+    """The winner's revision, as the plan or the strategy's asks named it."""
+    assert agg.record is not None
+    try:
+        return problem.revision(agg.record.name)
+    except KeyError:
+        result = next(r for r in agg.results.values() if any(o.name == agg.record.name for o in r.outcomes))
+        return next(o.revision for o in result.outcomes if o.name == agg.record.name)
 
 
 @contextmanager

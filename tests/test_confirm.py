@@ -4,7 +4,6 @@ Pure logic over recorded trial results (the real two-worker confirmation runs in
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,9 +13,12 @@ from farm.policy import StackPolicy
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict
 from farm_coordinator.aggregate import Aggregate, confirm, unconfirmed
+from farm_coordinator.catalog import Workload
+from farm_coordinator.plan import PlannedProblem, Target
 from farm_fleet.protocol import STATUS_FAILED, STATUS_OK, GroupResult
 
 KEY = "key"
+PROBLEM = PlannedProblem("p", Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), ())
 FAST_PAIRS = ((1.0, 0.5),) * 7  # a quiet, decided 2x win
 
 
@@ -26,7 +28,7 @@ def first_verdict() -> Aggregate:
                             "rejected_winner": None}
     record = DecisionRecord(KEY, 1, 0, "fast", True, 0.5, 1.0, meta)
     judged = (CandidateReport("fast", 7, 0.5, 0.0, True, "selected", index=1, standing="faster", interval=(0.48, 0.52)),)
-    return Aggregate(SimpleNamespace(confirmation_result=None), record, judged, "fast", 0.5, None, 1.0, "w1")  # type: ignore[arg-type]
+    return Aggregate(PROBLEM, record, judged, "fast", 0.5, None, 1.0, "w1")
 
 
 def second(pairs: tuple[tuple[float, float], ...] = FAST_PAIRS, *, failure: str | None = None, verified: bool = True,
@@ -43,6 +45,7 @@ def test_a_reproduced_win_is_confirmed() -> None:
     agg = confirm(first_verdict(), second(((1.0, 0.55),) * 7), StackPolicy())
     assert agg.record is not None and agg.record.name == "fast"
     assert agg.record.meta["confirmation"] == "confirmed" and agg.record.meta["confirmed_by"] == "w2"
+    assert agg.confirmation is not None and agg.confirmation.group == "confirm"
     assert agg.record.meta["confirmation_ratio"] == pytest.approx(0.55)
 
 
@@ -88,3 +91,10 @@ def test_without_a_second_device_the_winner_is_unconfirmed_or_withheld() -> None
     assert published.record is not None and published.record.meta["confirmation"].startswith("unconfirmed: no second")
     withheld = unconfirmed(first_verdict(), StackPolicy(require_confirmation=True))
     assert withheld.record is None and withheld.winner is None
+
+
+def test_applying_a_confirmation_returns_a_new_verdict_and_leaves_the_first_one_as_it_was() -> None:
+    first = first_verdict()
+    confirmed = confirm(first, second(), StackPolicy())
+    assert first.confirmation is None and first.record is not None and first.record.meta["confirmation"] is None
+    assert confirmed.confirmation is not None and confirmed is not first and confirmed.problem is first.problem

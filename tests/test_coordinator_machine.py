@@ -9,16 +9,16 @@ import pytest
 
 from farm_coordinator.dispatch import CeleryDispatcher
 from farm_coordinator.machine import Board, IllegalTransition, State
-from farm_coordinator.plan import Problem, Target
+from farm_coordinator.plan import PlannedProblem, Target
 from farm_fleet.protocol import GroupKey, GroupTask
 from farm_fleet.settings import Settings
 
 
-def problem(pid: str) -> Problem:
+def problem(pid: str) -> PlannedProblem:
     from farm_coordinator.catalog import Workload
 
     task = GroupTask("r", pid, "g0", "op", "cpu", {}, (("a", "1"),), {}, "fp")
-    return Problem(pid, Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), [task])
+    return PlannedProblem(pid, Target("fp", "fp", "cpu"), Workload("op", {}, ("cpu",), "problems[0]"), (task,))
 
 
 def test_a_problem_moves_along_the_allowed_transitions_and_each_move_is_reported():
@@ -28,7 +28,7 @@ def test_a_problem_moves_along_the_allowed_transitions_and_each_move_is_reported
     for state in (State.QUEUED, State.RUNNING, State.CONFIRMING, State.PUBLISHED):
         board.move("a", state)
     board.move("b", State.FAILED, "every group failed")
-    assert board.unfinished == 0 and board["b"].note == "every group failed"
+    assert board.unfinished == 0 and board["b"].state.note == "every group failed"
     assert moves[:2] == [("a", "waiting", "queued"), ("a", "queued", "running")]
     assert [t.pid for t in board.members(State.PUBLISHED)] == ["a"]
 
@@ -58,9 +58,10 @@ def test_a_transition_the_machine_does_not_allow_is_refused(path):
 
 def test_a_lost_lease_sends_a_problem_back_to_waiting_and_drops_its_lease():
     board = Board([problem("a")])
-    board.move("a", State.QUEUED).lease = "me#1"
-    board.move("a", State.RUNNING)
-    assert board.move("a", State.WAITING, "lease lost").lease is None
+    assert board.claimed("a", "me#1", "round").state.lease == "me#1"
+    board.sent("a", "g0")
+    assert board.get("a").stage is State.RUNNING
+    assert board.move("a", State.WAITING, "lease lost").state.lease is None
 
 
 class FakeResults:

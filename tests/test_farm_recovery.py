@@ -64,7 +64,7 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
         # (given up on, the decision published unconfirmed).
         # A group whose turn came after its problem's budget was spent (a slow machine) was never sent: the
         # coordinator recorded it not tried, with no attempt.
-        attempts = [r.provenance["attempt"] for a in summary.aggregates for r in a.problem.results.values()
+        attempts = [r.provenance["attempt"] for a in summary.aggregates for r in a.results.values()
                     if r.provenance.get("attempt") is not None]
         abandoned = [a for a in summary.aggregates if "went away" in str(a.record.meta.get("confirmation"))]
         assert max(attempts, default=0) >= 2 or abandoned
@@ -99,7 +99,7 @@ workloads = [{ n = 400, dtype = "float64" }]
         (agg,) = outcome["summary"].aggregates
         assert agg.record is not None
         assert agg.record.name == "loses_the_device_on_cpu0"
-        (result,) = agg.problem.results.values()
+        (result,) = agg.results.values()
         assert result.provenance["device"] == "cpu:1"
         assert state_of_cpu0() == presence.QUARANTINED  # still announced, still unhealthy
         from farm_coordinator.status import collect
@@ -138,7 +138,7 @@ def test_a_rerun_reuses_only_successful_group_results_and_runs_failed_groups_aga
         again = tune(catalog, settings=f.settings, **f.coordinator())
         assert (again.ran, again.reused, again.published) == (1, 1, 1)
         (agg,) = again.aggregates
-        assert agg.problem.results["g1"].status == "ok"
+        assert agg.results["g1"].status == "ok"
         assert int(client.get(f.settings.attempts_key(GroupKey(round_, pid, "g1")))) == 1  # the failure was forgotten
 
 

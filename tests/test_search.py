@@ -166,7 +166,7 @@ def on_the_farm(op: Operation, tmp_path: Path) -> tuple[dict[str, tuple[int, str
     # Groups go one after the other: the first carries the whole budget, the next what the first left.
     assert [t.group for t in sent] == ["g0", "g1"]
     assert sent[0].budget is None and sent[1].budget == BUDGET - results[0].search_seconds
-    assert agg.problem.results["g2"].status == STATUS_NOT_TRIED
+    assert agg.results["g2"].status == STATUS_NOT_TRIED
     assert [c["name"] for c in agg.record.meta["candidates"]] == [j.name for j in agg.judged]
     notes = {j.name: (j.samples, j.note) for j in agg.judged}
     return notes, results, agg.budget_exhausted

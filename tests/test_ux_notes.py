@@ -21,8 +21,7 @@ def test_a_trial_rows_verdict_has_one_spelling_and_old_group_statuses_are_read_a
 
 def test_a_finished_run_with_fewer_trials_than_planned_says_the_budget_ran_out():
     def agg(*statuses):
-        return SimpleNamespace(problem=SimpleNamespace(results={str(i): SimpleNamespace(status=s)
-                                                                for i, s in enumerate(statuses)}))
+        return SimpleNamespace(results={str(i): SimpleNamespace(status=s) for i, s in enumerate(statuses)})
 
     counts = Counts("r1", problems=2, trials_total=301)
     counts.settled["published"] = 2
