@@ -331,6 +331,10 @@ from farm_cli import archive as _archive  # noqa: E402  (registers `farm archive
 
 main.add_command(_archive.archive)
 
+from farm_cli import keys as _keys  # noqa: E402  (registers `farm keys`)
+
+main.add_command(_keys.keys)
+
 if __name__ == "__main__":
     main()
 

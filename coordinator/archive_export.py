@@ -1,7 +1,8 @@
 """``farm archive export``: the decisions of Redis or a local cache, one archive per fingerprint.
 
 Each fingerprint is read as one consistent snapshot (Redis: one MULTI/EXEC; the local cache: batches of its write
-order) and written by ``farm.stores.archive.write_archive``; unreadable stored decisions are skipped and reported.
+order) and written by ``farm.stores.archive.write_archive``, signed by the farm's key when one is given (``signer``);
+unreadable stored decisions are skipped and reported.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
-from farm.stores.archive import ArchiveEntry, ArchiveError, WrittenArchive, record_text, write_archive
+from farm.stores.archive import (
+    ArchiveEntry,
+    ArchiveError,
+    SigningKey,
+    WrittenArchive,
+    record_text,
+    write_archive,
+)
 from farm.stores.base import DecisionRecord, key_sha256
 from farm.stores.local import STORE_FILE, LocalStore
 from farm.stores.redis import RedisDecisions
@@ -69,7 +77,8 @@ def _trial_list(raw: Any, sha: str, skipped: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | None = None) -> list[ExportResult]:
+def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | None = None, *,
+                 signer: SigningKey | None = None) -> list[ExportResult]:
     """Write ``out/<digest>/`` for every fingerprint in Redis (or the one ``fingerprint`` names).
 
     Each fingerprint's decisions, trial rows and problem index are read in one MULTI/EXEC (a consistent snapshot:
@@ -99,11 +108,12 @@ def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | 
             trials = _trial_list(raw_trials.get(field_name), field_name, skipped)
             entries.append(ArchiveEntry(record, _problem_id(record, indexed, field_name), tuple(trials),
                                         record_text(raw)))
-        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped), skipped))
+        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped, signer=signer), skipped))
     return results
 
 
-def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None = None) -> list[ExportResult]:
+def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None = None, *,
+                 signer: SigningKey | None = None) -> list[ExportResult]:
     """Write ``out/<digest>/`` for every fingerprint of a local cache (``farm.stores.local``: the embedded farm's
     ``--cache-dir`` or a runtime's ``cache_directory``), with the trial rows and problem ids stored beside them."""
     directory = Path(directory)
@@ -136,6 +146,6 @@ def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None
     for digest, text in selected.items():
         _, entries, skipped = by_digest[digest]
         skipped += loose
-        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped), skipped))
+        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped, signer=signer), skipped))
         loose = []
     return results

@@ -1,6 +1,7 @@
 """``farm archive import``: verified archives into Redis or a local cache, under the replacement rule.
 
-Every archive is read and verified completely (``farm.stores.archive.read_archive``) and the fingerprint rule
+Every archive's signature is checked against the trusted keys (``farm.stores.archive.Trust``), then every archive
+is read and verified completely (``farm.stores.archive.read_archive``) and the fingerprint rule
 applied before anything is written: a bad archive imports nothing. The verified decisions are published column by
 column (``PublicationBatch``, no record objects), one batch per archive, under the stores' replacement rule: into
 Redis by ``farm.stores.redis_batch.publish_batch`` (a thousand decisions per MULTI/EXEC, judged
@@ -20,6 +21,7 @@ from farm.stores.archive import (
     Archive,
     ArchiveError,
     ArchiveRows,
+    Trust,
     archive_folders,
     decision_row,
     read_archive,
@@ -48,9 +50,12 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def load_archives(path: Path | str) -> list[Archive]:
-    """Every archive at ``path`` (one archive folder, or a folder of them), each read and verified completely."""
-    return [read_archive(folder) for folder in archive_folders(path)]
+def load_archives(path: Path | str, trust: Trust | None = None) -> list[Archive]:
+    """Every archive at ``path`` (one archive folder, or a folder of them), each read and verified completely, its
+    signature first: only archives ``trust`` accepts (default ``Trust.from_env()``: signed by a key of
+    ``FARM_TRUSTED_KEYS``) are loaded, and any other refuses them all."""
+    trust = Trust.from_env() if trust is None else trust
+    return [read_archive(folder, trust=trust) for folder in archive_folders(path)]
 
 
 def _plan(archives: Sequence[Archive], target: Callable[[Archive], str], force: bool,

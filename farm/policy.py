@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from farm.encoding import fields, split_fields
-from farm.errors import TuneFailure
+from farm.errors import FarmError, TuneFailure
 
 
 class Mode(enum.Enum):
@@ -138,7 +138,9 @@ class StackPolicy:
     is the share of a winner's pairs that may be disturbed by interference before it is re-measured (and before a
     confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
     reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
-    verdict means (docs/decisions.md).
+    verdict means (docs/decisions.md). ``trusted_keys`` (public key lines, ``farm keys init``) are the signers
+    whose archives an archive-directory fleet tier serves (empty: ``FARM_TRUSTED_KEYS``; docs/archives.md,
+    "Signatures"); not in the accuracy key either.
     """
 
     mode: Mode = Mode.EXPLORE
@@ -160,6 +162,7 @@ class StackPolicy:
     regression_ratio: float = 1.15
     max_disturbed: float = 0.5
     require_confirmation: bool = False
+    trusted_keys: tuple[str, ...] = ()
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -192,6 +195,16 @@ class StackPolicy:
         if not isinstance(self.tolerance, Tolerance):
             raise bad("tolerance", "must be a Tolerance")
         self.tolerance.validate("policy.tolerance")
+        if not (isinstance(self.trusted_keys, tuple) and all(isinstance(k, str) for k in self.trusted_keys)):
+            raise bad("trusted_keys", "must be a tuple of public key lines")
+        if self.trusted_keys:
+            from farm.stores.archive.signing import parse_public_key
+
+            for i, line in enumerate(self.trusted_keys):
+                try:
+                    parse_public_key(line, f"policy.trusted_keys[{i}]")
+                except FarmError as e:
+                    raise TuneFailure.invalid(str(e)) from None
         integer("warmups", 1, 100)
         integer("samples", 3, 101, odd=True)
         if self.max_samples is not None:
@@ -248,6 +261,8 @@ class StackPolicy:
             raise TuneFailure.invalid(f"{where}: unknown field {unknown[0]!r}")
         values: dict[str, object] = dict(data)
         try:
+            if isinstance(values.get("trusted_keys"), list):
+                values["trusted_keys"] = tuple(values["trusted_keys"])  # type: ignore[arg-type]
             if "mode" in values:
                 values["mode"] = Mode(values["mode"])
             if "timing" in values:
