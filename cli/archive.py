@@ -77,14 +77,16 @@ def _trust_options(f: Any) -> Any:
 
 
 def _signer(path: Path | None) -> Any:
-    """The signing key of ``path``; None (with a loud warning) without one."""
+    """The signing key of ``path``; None without one (the command then warns: ``_unsigned_written``)."""
     from farm.stores.archive import load_signing_key
 
-    if path is None:
-        click.echo("farm: warning: no signing key (--signing-key / FARM_SIGNING_KEY): the archives are written "
+    return None if path is None else load_signing_key(path)
+
+
+def _unsigned_written(signer: Any) -> None:
+    if signer is None:
+        click.echo("farm: warning: no signing key (--signing-key / FARM_SIGNING_KEY): the archives were written "
                    "UNSIGNED, and importers refuse them without --allow-unsigned", err=True)
-        return None
-    return load_signing_key(path)
 
 
 def _trust(trusted_keys: str | None, allow_unsigned: bool) -> Any:
@@ -149,6 +151,8 @@ def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path |
             click.echo(f"farm: warning: skipped decision {reason}", err=True)
     if not results:
         click.echo("no fingerprints to export")
+    else:
+        _unsigned_written(signer)
 
 
 @archive.command("import")
@@ -250,6 +254,7 @@ def archive_merge(out: Path, inputs: tuple[Path, ...], signing_key: Path | None,
     w = result.written
     click.echo(f"merged {result.inputs} archives ({result.decisions_in} decisions) into {w.path}: {w.decisions} "
                f"decisions, {result.replaced} replaced under the replacement rule, {w.trials} trial rows")
+    _unsigned_written(signer)
 
 
 @archive.command("diff")
