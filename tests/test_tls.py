@@ -98,3 +98,22 @@ def test_a_wrong_ca_is_a_one_line_error_naming_the_server(tls_redis, tmp_path):
         worker.stop()
     lines = [line for line in worker.output().splitlines() if line.strip()]
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "CERTIFICATE_VERIFY_FAILED" in lines[0], lines
+
+
+def test_the_compose_tls_profile_serves_redis_on_tls_only_and_every_client_verifies_the_server():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!reset", lambda loader, node: None)
+    services = yaml.load((ROOT / "compose.tls.yaml").read_text(), Loader=Loader)["services"]
+    for name in ("redis-broker", "redis-decisions"):
+        command = services[name]["command"]
+        assert command[command.index("--port") + 1] == "0" and command[command.index("--tls-port") + 1] == "6379"
+        assert "/certs/ca.pem" in " ".join(services[name]["healthcheck"]["test"])
+    urls = {f"{name}.{var}": url for name, service in services.items()
+            for var, url in (service.get("environment") or {}).items() if var.endswith("_URL")}
+    assert {key.split(".")[0] for key in urls} == {"worker-gpu0", "worker-gpu1", "flower", "coordinator"}
+    for key, url in urls.items():
+        assert url.startswith("rediss://") and url.endswith("?ssl_cert_reqs=required&ssl_ca_certs=/certs/ca.pem"), key
