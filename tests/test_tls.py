@@ -117,3 +117,50 @@ def test_the_compose_tls_profile_serves_redis_on_tls_only_and_every_client_verif
     assert {key.split(".")[0] for key in urls} == {"worker-gpu0", "worker-gpu1", "flower", "coordinator"}
     for key, url in urls.items():
         assert url.startswith("rediss://") and url.endswith("?ssl_cert_reqs=required&ssl_ca_certs=/certs/ca.pem"), key
+
+
+def test_a_worker_and_the_coordinator_use_an_amqps_broker_node_with_verification_and_a_wrong_ca_names_it(
+        tls_redis, tmp_path):
+    from trust_rabbit import tls_rabbit
+
+    _, port, certs = tls_redis
+    results = tls_url(port, 1, certs)
+    env = farm_env({**WORKER_ENV, "FARM_PREFIX": "tlsq"})
+    other = certificates(tmp_path / "other")
+    with tls_rabbit(certs) as rabbit:
+        worker = start_worker("cpu:0", rabbit.url(other / "ca.pem"), results, tmp_path / "bad", env)
+        try:
+            assert worker.process.wait(120) == 2
+        finally:
+            worker.stop()
+        lines = [line for line in worker.output().splitlines() if line.strip()]
+        assert len(lines) == 1 and f"cannot reach the broker at 127.0.0.1:{rabbit.port}" in lines[0], lines
+        assert "CERTIFICATE_VERIFY_FAILED" in lines[0]
+
+        broker = rabbit.url(certs / "ca.pem")
+        worker = start_worker("cpu:0", broker, results, tmp_path / "w", env)
+        try:
+            plain = tls_redis[0].client(1)
+            wait_for(lambda: worker.process.poll() is None and any(plain.scan_iter(match="tlsq:worker:*"))
+                     and "ready" in worker.output(), 120, f"the worker to be ready:\n{worker.output()[-3000:]}")
+            plain.close()
+            done = farm("tune", str(write_catalog(tmp_path / "c.toml", SCALE)), "--broker", broker, "--redis", results,
+                        "--kernels", "farm_testops", cwd=tmp_path, env=env)
+            assert done.returncode == 0, done.stderr[-3000:]
+        finally:
+            worker.stop()
+
+
+def test_the_amqps_query_becomes_py_amqp_tls_options_and_leaves_the_url():
+    import ssl
+
+    from farm_fleet.celeryconf import amqp_tls, celery_config
+
+    url, tls = amqp_tls("amqps://u:p@h:5671/farm?ssl_cert_reqs=required&ssl_ca_certs=/c/ca.pem&heartbeat=30")
+    assert (url, tls) == ("amqps://u:p@h:5671/farm?heartbeat=30", {"cert_reqs": ssl.CERT_REQUIRED,
+                                                                    "ca_certs": "/c/ca.pem"})
+    assert amqp_tls("amqp://u:p@h:5672/farm") == ("amqp://u:p@h:5672/farm", {})
+    config = celery_config(Settings(broker_url="amqps://u:p@h:5671/farm?ssl_cert_reqs=required&ssl_ca_certs=/c/ca.pem"))
+    assert config["broker_url"] == "amqps://u:p@h:5671/farm" and config["broker_use_ssl"]["ca_certs"] == "/c/ca.pem"
+    conf = (ROOT / "docker" / "rabbitmq" / "tls.conf").read_text()
+    assert "listeners.tcp = none" in conf and "listeners.ssl.default = 5671" in conf
