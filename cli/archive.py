@@ -147,6 +147,8 @@ def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path |
         w = r.written
         click.echo(f"exported {w.decisions} decisions ({w.trials} trial rows) of fingerprint {r.digest} to {w.path} "
                    f"({w.bytes} bytes, {'signed by key ' + signer.key_id if signer else 'UNSIGNED'})")
+        for key_id, count in sorted(r.provenance.items()):
+            click.echo(f"  {count} of them imported from archives signed by key {key_id} (manifest 'provenance')")
         for reason in r.skipped:
             click.echo(f"farm: warning: skipped decision {reason}", err=True)
     if not results:

@@ -28,6 +28,18 @@ from farm.stores.local import STORE_FILE, LocalStore
 from farm.stores.redis import RedisDecisions
 
 
+def signers_key(decisions: RedisDecisions, fingerprint_digest: str) -> str:
+    """Hash per fingerprint: sha256(cache key) -> "<key id> <record checksum>", the signer of the archive the
+    decision was imported from, valid while the stored record still has that checksum (a later publication of the
+    key, by the farm or an unsigned import, leaves it stale, and it is ignored)."""
+    return decisions.settings.key("signers", fingerprint_digest)
+
+
+def record_checksum(text: str) -> str:
+    """The checksum of a record text (``DecisionRecord.to_json`` writes it last: ``..."checksum":"<hex>"}``)."""
+    return text[-66:-2]
+
+
 def select_fingerprints(available: dict[str, str], wanted: str | None, where: str) -> dict[str, str]:
     """The digest -> text entries matching ``wanted`` (a digest, a digest prefix or the full text; None: all)."""
     if wanted is None:
@@ -49,6 +61,7 @@ class ExportResult:
     fingerprint: str
     written: WrittenArchive
     skipped: list[str] = field(default_factory=list)
+    provenance: dict[str, int] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -90,7 +103,9 @@ def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | 
         pipe.hgetall(s.decisions_key(digest))
         pipe.hgetall(s.trials_key(digest))
         pipe.hgetall(s.problems_key(digest))
-        raw_decisions, raw_trials, problems = pipe.execute()
+        pipe.hgetall(signers_key(decisions, digest))
+        raw_decisions, raw_trials, problems, signed = pipe.execute()
+        provenance: dict[str, int] = {}
         indexed: dict[str, list[str]] = {}
         for pid, field_name in problems.items():
             indexed.setdefault(field_name, []).append(pid)
@@ -108,7 +123,11 @@ def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | 
             trials = _trial_list(raw_trials.get(field_name), field_name, skipped)
             entries.append(ArchiveEntry(record, _problem_id(record, indexed, field_name), tuple(trials),
                                         record_text(raw)))
-        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped, signer=signer), skipped))
+            key_id, _, checksum = str(signed.get(field_name, "")).partition(" ")
+            if key_id and checksum == record_checksum(raw):
+                provenance[key_id] = provenance.get(key_id, 0) + 1
+        written = write_archive(out, text, entries, skipped=skipped, signer=signer, provenance=provenance)
+        results.append(ExportResult(text, written, skipped, provenance))
     return results
 
 

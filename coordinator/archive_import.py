@@ -31,7 +31,7 @@ from farm.stores.base import PublicationBatch
 from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions
 from farm.stores.redis_batch import publish_batch
-from farm_coordinator.archive_export import select_fingerprints
+from farm_coordinator.archive_export import record_checksum, select_fingerprints, signers_key
 
 
 @dataclass
@@ -131,8 +131,24 @@ def import_redis(archives: Sequence[Archive], decisions: RedisDecisions, fingerp
             raise ArchiveError(f"Redis refused the import of archive {archive.digest} (applied: {what}, and its "
                                f"transactions before the refused one): {e}") from None
         applied += len(batch)
+        _record_signer(decisions, archive, target, batch, replies)
         results.append(_count(result, replies))
     return results
+
+
+def _record_signer(decisions: RedisDecisions, archive: Archive, target: str, batch: PublicationBatch,
+                   replies: list[tuple[bool, str]]) -> None:
+    """Note the archive's signer beside each decision it published (not those the stored record kept), with the
+    published record's checksum, so that an export from Redis names where its decisions came from."""
+    if archive.signer is None:
+        return
+    texts = batch.texts[0:len(batch)]  # one read of the column (a TextColumn reads a slice at once)
+    signed = {digest.hex(): f"{archive.signer} {record_checksum(text)}"
+              for digest, text, (replaced, _) in zip(batch.digests, texts, replies, strict=True) if replaced}
+    key = signers_key(decisions, fingerprint_digest(target))
+    items = list(signed.items())
+    for at in range(0, len(items), 1000):
+        decisions.client.hset(key, mapping=dict(items[at:at + 1000]))
 
 
 def import_cache(archives: Sequence[Archive], directory: Path | str, fingerprint: str,

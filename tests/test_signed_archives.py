@@ -265,3 +265,30 @@ def test_the_cli_signs_exports_and_merges_and_imports_only_trusted_archives(tmp_
     yes = farm_cli("archive", "import", str(plain), "--into-cache", str(tmp_path / "c3"), "--force",
                    "--allow-unsigned", cwd=tmp_path)
     assert yes.returncode == 0 and "for development only" in yes.stderr and "is UNSIGNED" in yes.stderr
+
+
+def test_decisions_imported_into_redis_keep_their_signer_through_an_export(key, redis_db, tmp_path):
+    from farm.stores.redis import RedisDecisions
+    from farm_fleet.settings import Settings
+
+    store = RedisDecisions(client=redis_db, settings=Settings(prefix="sig"))
+    folder = write(tmp_path / "site-a", key, ("n=1", "n=2", "n=3"))
+    (result,) = ops.import_redis(ops.load_archives(folder, trust(key)), store)
+    assert result.new == 3
+    hub = arc.load_signing_key(arc.generate_keys(tmp_path / "keys", "hub")[0])
+    (exported,) = ops.export_redis(store, tmp_path / "out", signer=hub)
+    manifest = json.loads((exported.written.path / arc.MANIFEST_FILE).read_text())
+    assert manifest["provenance"] == {"signers": {key.key_id: 3}} and exported.provenance == {key.key_id: 3}
+    assert ops.load_archives(exported.written.path, trust(hub))[0].signer == hub.key_id
+
+    newer = entry("n=1")
+    newer = arc.ArchiveEntry(DecisionRecord(newer.record.cache_key, 2, 0, "other", True, 0.4, time.time(),
+                                            dict(newer.record.meta)), newer.problem_id, newer.trials)
+    store.publish(newer.record, FP)  # the farm re-decides one of them: that one is the farm's own now
+    (again,) = ops.export_redis(store, tmp_path / "out2", signer=hub)
+    assert again.provenance == {key.key_id: 2}
+    unsigned = write(tmp_path / "plain", None, ("n=9",))
+    ops.import_redis(ops.load_archives(unsigned, trust(allow_unsigned=True)), store)
+    (third,) = ops.export_redis(store, tmp_path / "out3")
+    assert third.provenance == {key.key_id: 2}
+    assert "provenance" in json.loads((third.written.path / arc.MANIFEST_FILE).read_text())
