@@ -38,7 +38,7 @@ Environment variables (the options' defaults):
 
 # Modules of the optional extras (pyproject.toml) -> the extra that installs them.
 EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging": "farm", "pyarrow": "farm",
-                 "flower": "farm", "tornado": "farm", "cupy": "cuda"}
+                 "flower": "farm", "tornado": "farm", "cryptography": "farm", "cupy": "cuda"}
 
 
 class _FarmGroup(click.Group):

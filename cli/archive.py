@@ -61,8 +61,8 @@ def _one_source(**given: Any) -> None:
 
 
 def _signing_option(f: Any) -> Any:
-    return click.option("--signing-key", type=click.Path(dir_okay=False, path_type=Path), envvar="FARM_SIGNING_KEY",
-                        show_envvar=True, help="Sign each archive's manifest with this private key (`farm keys "
+    return click.option("--signing-key", "--key", "signing_key", type=click.Path(dir_okay=False, path_type=Path),
+                        envvar="FARM_SIGNING_KEY", show_envvar=True, help="Sign each archive's manifest with this private key (`farm keys "
                                                "init`). Without one the archives are UNSIGNED, which importers "
                                                "refuse.")(f)
 

@@ -15,7 +15,7 @@ def keys() -> None:
 
 
 @keys.command("init")
-@click.option("--dir", "directory", default="farm-keys", show_default=True,
+@click.option("--dir", "--out", "directory", default="farm-keys", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Where to write NAME.key (private, mode 0600; a new directory gets mode 0700) and NAME.pub.")
 @click.option("--name", default="farm", show_default=True, help="The key's file name and comment.")

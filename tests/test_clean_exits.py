@@ -1,5 +1,6 @@
-"""Clean exits: `farm archive` commands end with their own status, never an abort in pyarrow's shutdown, and the
-farm's Redis clients are closed (no ResourceWarning at exit), proven in fresh interpreters."""
+"""Clean exits: `farm archive` commands end with their own status (or one line for a missing extra), never an abort
+in pyarrow's shutdown, and the farm's Redis clients are closed (no ResourceWarning at exit), proven in fresh
+interpreters."""
 
 from __future__ import annotations
 
@@ -97,3 +98,17 @@ def test_the_farms_redis_clients_leave_no_unclosed_socket_at_exit(redis_srv, tmp
                       "--allow-unsigned", cwd=tmp_path)
     _clean(imported)
     assert "imported archive" in imported.stdout
+
+
+def test_an_import_without_cryptography_is_one_line_naming_the_install_command(tmp_path):
+    from farm.stores import archive as archives
+
+    key = archives.load_signing_key(archives.generate_keys(tmp_path / "keys", "k")[0])
+    folder = arc.write_archive(tmp_path / "a", FP, [], signer=key).path
+    script = ("import sys; sys.modules['cryptography'] = None; from farm_cli import main; "
+              "main(args=sys.argv[1:], prog_name='farm')")
+    done = python("-c", script, "archive", "import", str(folder), "--into-cache", str(tmp_path / "c"),
+                  "--trusted-keys", key.public.line(), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == ("farm: error: this command needs cryptography, which is not installed: "
+                           "pip install 'tuning-farm[farm]'\n")
