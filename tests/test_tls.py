@@ -121,13 +121,13 @@ def test_the_compose_tls_profile_serves_redis_on_tls_only_and_every_client_verif
 
 def test_a_worker_and_the_coordinator_use_an_amqps_broker_node_with_verification_and_a_wrong_ca_names_it(
         tls_redis, tmp_path):
-    from trust_rabbit import tls_rabbit
+    from trust_rabbit import rabbit_node
 
     _, port, certs = tls_redis
     results = tls_url(port, 1, certs)
     env = farm_env({**WORKER_ENV, "FARM_PREFIX": "tlsq"})
     other = certificates(tmp_path / "other")
-    with tls_rabbit(certs) as rabbit:
+    with rabbit_node(certs) as rabbit:
         worker = start_worker("cpu:0", rabbit.url(other / "ca.pem"), results, tmp_path / "bad", env)
         try:
             assert worker.process.wait(120) == 2
