@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from farm.encoding import fields, split_fields
 from farm.errors import FarmError, TuneFailure
+from farm.trustedkeys import parse_public_key
 
 
 class Mode(enum.Enum):
@@ -198,8 +199,6 @@ class StackPolicy:
         if not (isinstance(self.trusted_keys, tuple) and all(isinstance(k, str) for k in self.trusted_keys)):
             raise bad("trusted_keys", "must be a tuple of public key lines")
         if self.trusted_keys:
-            from farm.stores.archive.signing import parse_public_key
-
             for i, line in enumerate(self.trusted_keys):
                 try:
                     parse_public_key(line, f"policy.trusted_keys[{i}]")

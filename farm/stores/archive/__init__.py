@@ -40,7 +40,6 @@ from farm.stores.archive.schema import (
 )
 from farm.stores.archive.signing import (
     SIGNATURE_FILE,
-    PublicKey,
     SigningKey,
     Trust,
     generate_keys,
@@ -51,6 +50,7 @@ from farm.stores.archive.signing import (
 from farm.stores.archive.store import ArchiveStore
 from farm.stores.archive.writer import WrittenArchive, swap_directory, write_archive
 from farm.stores.base import canonical_json, key_sha256
+from farm.trustedkeys import PublicKey
 
 __all__ = [
     "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",

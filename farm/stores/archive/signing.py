@@ -7,8 +7,8 @@ manifest: the canonical JSON of ``{"algorithm": "ed25519", "key": <key id>, "sig
 nothing else (any other spelling of it is refused). The signed message is ``SIGNED_PREFIX`` followed by the
 manifest's bytes, so a farm signature can never be replayed as a signature of anything else.
 
-A public key is one line, ``farm-ed25519 <base64 of the 32 raw bytes> [comment]``; its key id is the first 16 hex
-digits of the sha256 of the raw bytes. A private key is a PKCS#8 PEM file that only its owner may read (mode 0600,
+A public key is one line, ``farm-ed25519 <base64 of the 32 raw bytes> [comment]`` (``farm.trustedkeys``); its key
+id is the first 16 hex digits of the sha256 of the raw bytes. A private key is a PKCS#8 PEM file that only its owner may read (mode 0600,
 written so by :func:`generate_keys`, refused otherwise by :func:`load_signing_key`). ``cryptography`` is imported
 lazily: ``import farm`` never needs it.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import os
 import stat
@@ -28,9 +27,9 @@ from typing import Any
 
 from farm.atomicfile import fsync_directory
 from farm.errors import ArchiveError, FarmError
+from farm.trustedkeys import KEY_TYPE, PublicKey, parse_trusted_keys
 
 SIGNATURE_FILE = "manifest.sig"
-KEY_TYPE = "farm-ed25519"
 SIGNED_PREFIX = b"farm archive manifest v1\n"
 MAX_SIGNATURE_BYTES = 4096
 TRUSTED_KEYS_ENV = "FARM_TRUSTED_KEYS"
@@ -38,47 +37,6 @@ ALLOW_UNSIGNED_ENV = "FARM_ALLOW_UNSIGNED"
 SIGNING_KEY_ENV = "FARM_SIGNING_KEY"
 UNSIGNED_WARNING = ("archive {folder} is UNSIGNED and accepted only because unsigned archives are allowed "
                     "(--allow-unsigned / FARM_ALLOW_UNSIGNED): for development only, never for a fleet")
-
-
-@dataclass(frozen=True)
-class PublicKey:
-    """An Ed25519 public key (32 raw bytes) and the comment of its line."""
-
-    raw: bytes
-    comment: str = ""
-
-    @property
-    def key_id(self) -> str:
-        return hashlib.sha256(self.raw).hexdigest()[:16]
-
-    def line(self) -> str:
-        """The key's line in a trusted-keys file."""
-        text = f"{KEY_TYPE} {base64.b64encode(self.raw).decode()}"
-        return f"{text} {self.comment}" if self.comment else text
-
-
-def parse_public_key(line: str, where: str) -> PublicKey:
-    """A ``farm-ed25519 <base64> [comment]`` line; FarmError naming ``where`` and the value otherwise."""
-    parts = line.strip().split(None, 2)
-    if len(parts) < 2 or parts[0] != KEY_TYPE:
-        raise FarmError(f"{where}: {line.strip()[:40]!r} is not a public key (expected '{KEY_TYPE} <base64> "
-                        f"[comment]', as `farm keys init` writes it)")
-    try:
-        raw = base64.b64decode(parts[1], validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise FarmError(f"{where}: {parts[1][:20]!r}… is not the base64 of a 32-byte Ed25519 public key")
-    return PublicKey(raw, parts[2].strip() if len(parts) > 2 else "")
-
-
-def parse_trusted_keys(text: str, where: str) -> tuple[PublicKey, ...]:
-    """The keys of a trusted-keys text: one key a line; blank lines and ``#`` comments ignored."""
-    keys = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            keys.append(parse_public_key(line, f"{where}: line {n}"))
-    return tuple(keys)
 
 
 def read_trusted_keys(path: Path | str) -> tuple[PublicKey, ...]:
