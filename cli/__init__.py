@@ -39,7 +39,7 @@ Environment variables (the options' defaults):
 
 # Modules of the optional extras (pyproject.toml) -> the extra that installs them.
 EXTRA_MODULES = {"celery": "farm", "kombu": "farm", "redis": "farm", "packaging": "farm", "pyarrow": "farm",
-                 "flower": "farm", "tornado": "farm", "cupy": "cuda"}
+                 "flower": "farm", "tornado": "farm", "cryptography": "farm", "cupy": "cuda"}
 
 
 class _FarmGroup(click.Group):
@@ -354,6 +354,10 @@ def metrics(redis_url: str, broker: str | None, address: str, port: int) -> None
 from farm_cli import archive as _archive  # noqa: E402  (registers `farm archive`)
 
 main.add_command(_archive.archive)
+
+from farm_cli import keys as _keys  # noqa: E402  (registers `farm keys`)
+
+main.add_command(_keys.keys)
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
 """``python -m farm_cli``: the ``farm`` command."""
 
-from farm_cli import main
+from farm_cli.exit import run
 
-main()
+run()

@@ -60,6 +60,52 @@ def _one_source(**given: Any) -> None:
         raise FarmError(f"give exactly one of {' or '.join(options)}" + (f" (got {' and '.join(named)})" if named else ""))
 
 
+def _signing_option(f: Any) -> Any:
+    return click.option("--signing-key", "--key", "signing_key", type=click.Path(dir_okay=False, path_type=Path),
+                        envvar="FARM_SIGNING_KEY", show_envvar=True, help="Sign each archive's manifest with this private key (`farm keys "
+                                               "init`). Without one the archives are UNSIGNED, which importers "
+                                               "refuse.")(f)
+
+
+def _trust_options(f: Any) -> Any:
+    f = click.option("--allow-unsigned", is_flag=True,
+                     help="Accept UNSIGNED archives (development only; each is reported). A bad signature or an "
+                          "untrusted key is refused even so. FARM_ALLOW_UNSIGNED=1 does the same.")(f)
+    return click.option("--trusted-keys", envvar="FARM_TRUSTED_KEYS", show_envvar=True,
+                        help="The public keys whose archives are accepted: a file of key lines (`farm keys init` "
+                             "writes NAME.pub), or the key lines themselves, comma-separated.")(f)
+
+
+def _signer(path: Path | None) -> Any:
+    """The signing key of ``path``; None without one (the command then warns: ``_unsigned_written``)."""
+    from farm.stores.archive import load_signing_key
+
+    return None if path is None else load_signing_key(path)
+
+
+def _unsigned_written(signer: Any) -> None:
+    if signer is None:
+        click.echo("farm: warning: no signing key (--signing-key / FARM_SIGNING_KEY): the archives were written "
+                   "UNSIGNED, and importers refuse them without --allow-unsigned", err=True)
+
+
+def _trust(trusted_keys: str | None, allow_unsigned: bool) -> Any:
+    from farm.stores.archive import Trust
+
+    if allow_unsigned:
+        click.echo("farm: warning: --allow-unsigned: UNSIGNED archives are accepted: for development only, never "
+                   "for a fleet", err=True)
+    return Trust.from_env(trusted_keys=trusted_keys or "", allow_unsigned=allow_unsigned)
+
+
+def _report_unsigned(archives: Any) -> None:
+    from farm.stores.archive.signing import UNSIGNED_WARNING
+
+    for a in archives:
+        if a.signer is None:
+            click.echo(f"farm: warning: {UNSIGNED_WARNING.format(folder=a.path)}", err=True)
+
+
 def _console() -> Any:
     import sys
 
@@ -76,28 +122,39 @@ def _console() -> Any:
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Archive directory: one <fingerprint digest>/ folder is written per fingerprint.")
 @click.option("--fingerprint", help="Only this fingerprint (digest, digest prefix or full text).")
+@_signing_option
 @click.pass_context
 def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path | None, out: Path,
-                   fingerprint: str | None) -> None:
-    """Write the decisions of every fingerprint (or one) to OUT/<digest>/, atomically per fingerprint."""
+                   fingerprint: str | None, signing_key: Path | None) -> None:
+    """Write the decisions of every fingerprint (or one) to OUT/<digest>/, atomically per fingerprint, each
+    archive's manifest signed with --signing-key."""
     from farm_coordinator.archive import export_cache, export_redis
 
     redis_url = _redis_source(ctx, redis_url, from_cache)
     with _archive_errors():
         _one_source(redis=redis_url, from_cache=from_cache)
+        signer = _signer(signing_key)
         if redis_url is not None:
-            results = export_redis(_archive_redis(redis_url), out, fingerprint)
+            redis = _archive_redis(redis_url)
+            try:
+                results = export_redis(redis, out, fingerprint, signer=signer)
+            finally:
+                redis.client.close()
         else:
             assert from_cache is not None
-            results = export_cache(from_cache, out, fingerprint)
+            results = export_cache(from_cache, out, fingerprint, signer=signer)
     for r in results:
         w = r.written
         click.echo(f"exported {w.decisions} decisions ({w.trials} trial rows) of fingerprint {r.digest} to {w.path} "
-                   f"({w.bytes} bytes)")
+                   f"({w.bytes} bytes, {'signed by key ' + signer.key_id if signer else 'UNSIGNED'})")
+        for key_id, count in sorted(r.provenance.items()):
+            click.echo(f"  {count} of them imported from archives signed by key {key_id} (manifest 'provenance')")
         for reason in r.skipped:
             click.echo(f"farm: warning: skipped decision {reason}", err=True)
     if not results:
         click.echo("no fingerprints to export")
+    else:
+        _unsigned_written(signer)
 
 
 @archive.command("import")
@@ -112,19 +169,26 @@ def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path |
               help="With --into-cache: the device (cpu:N, cuda:N) whose runtime fingerprint the archive must match.")
 @click.option("--force", is_flag=True, help="Import despite a fingerprint mismatch, re-keying the decisions to the "
                                             "target fingerprint. Never overrides a corrupt archive.")
+@_trust_options
 @click.pass_context
 def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None, into_cache: Path | None,
-                   fingerprint: str | None, device: str, force: bool) -> None:
-    """Import ARCHIVE_DIR (one archive folder or a folder of them): everything is verified first, then all of it
-    is written at once, or nothing is."""
+                   fingerprint: str | None, device: str, force: bool, trusted_keys: str | None,
+                   allow_unsigned: bool) -> None:
+    """Import ARCHIVE_DIR (one archive folder or a folder of them): every signature is checked against the trusted
+    keys and everything verified first, then all of it is written at once, or nothing is."""
     from farm_coordinator.archive import import_cache, import_redis, load_archives
 
     redis_url = _redis_source(ctx, redis_url, into_cache)
     with _archive_errors():
         _one_source(redis=redis_url, into_cache=into_cache)
-        archives = load_archives(archive_dir)
+        archives = load_archives(archive_dir, _trust(trusted_keys, allow_unsigned))
+        _report_unsigned(archives)
         if redis_url is not None:
-            results = import_redis(archives, _archive_redis(redis_url), fingerprint, force)
+            redis = _archive_redis(redis_url)
+            try:
+                results = import_redis(archives, redis, fingerprint, force)
+            finally:
+                redis.client.close()
             where = "Redis"
         else:
             assert into_cache is not None
@@ -155,10 +219,10 @@ def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON instead of a table.")
 def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> None:
     """Verify ARCHIVE_DIR and show its decisions."""
-    from farm_coordinator.archive import inspect_rows, inspect_table, load_archives
+    from farm_coordinator.archive import inspect_rows, inspect_table, read_archives
 
     with _archive_errors():
-        archives = load_archives(archive_dir)
+        archives = read_archives(archive_dir)
         rows = inspect_rows(archives, None)
         if operation is not None:
             known = sorted({r["operation"] for r in rows})
@@ -175,17 +239,24 @@ def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> 
 @archive.command("merge")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-def archive_merge(out: Path, inputs: tuple[Path, ...]) -> None:
-    """Merge archives of one fingerprint into OUT/<digest>/ under the replacement rule."""
+@_signing_option
+@_trust_options
+def archive_merge(out: Path, inputs: tuple[Path, ...], signing_key: Path | None, trusted_keys: str | None,
+                  allow_unsigned: bool) -> None:
+    """Merge archives of one fingerprint into OUT/<digest>/ under the replacement rule. A signed merge vouches for
+    its inputs: each must then be signed by a trusted key (or be allowed unsigned)."""
     from farm_coordinator.archive import merge_archives
 
     with _archive_errors():
         if len(inputs) < 2:
             raise FarmError("merge needs OUT and at least two archives")
-        result = merge_archives(inputs, out)
+        signer = _signer(signing_key)
+        trust = _trust(trusted_keys, allow_unsigned) if signer is not None or trusted_keys or allow_unsigned else None
+        result = merge_archives(inputs, out, signer=signer, trust=trust)
     w = result.written
     click.echo(f"merged {result.inputs} archives ({result.decisions_in} decisions) into {w.path}: {w.decisions} "
                f"decisions, {result.replaced} replaced under the replacement rule, {w.trials} trial rows")
+    _unsigned_written(signer)
 
 
 @archive.command("diff")

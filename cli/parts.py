@@ -63,7 +63,8 @@ def reachable(settings: Settings) -> None:
         try:
             client.ping()
         except Exception as e:
-            raise FarmError(f"cannot reach the decisions Redis (--redis / FARM_REDIS_URL): {e}") from e
+            raise FarmError(f"cannot reach the decisions Redis{_server(settings.redis_url)} (--redis / "
+                            f"FARM_REDIS_URL): {e}") from e
         finally:
             client.close()
     app = Celery("farm-check", set_as_current=False)
@@ -72,9 +73,20 @@ def reachable(settings: Settings) -> None:
         with app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1)
     except Exception as e:
-        raise FarmError(f"cannot reach the broker (--broker / FARM_BROKER_URL): {e}") from e
+        raise FarmError(f"cannot reach the broker{_server(settings.broker_url)} (--broker / FARM_BROKER_URL): {e}") from e
     finally:
         app.close()
+
+
+def _server(url: str | None) -> str:
+    """`` at host:port`` of a server URL (a TLS refusal's message may not name the server), or nothing."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url or "")
+        return f" at {parts.hostname}:{parts.port}" if parts.hostname and parts.port else ""
+    except ValueError:
+        return ""
 
 
 def celery_parts(settings: Settings) -> Parts:

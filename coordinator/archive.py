@@ -17,6 +17,8 @@ from farm.stores.archive import (
     Archive,
     ArchiveEntry,
     ArchiveError,
+    SigningKey,
+    Trust,
     WrittenArchive,
     archive_folders,
     read_archive,
@@ -28,7 +30,7 @@ from farm_coordinator.archive_import import ImportResult, import_cache, import_r
 
 __all__ = [
     "Diff", "ExportResult", "ImportResult", "MergeResult", "diff_archives", "diff_table", "export_cache",
-    "export_redis", "import_cache", "import_redis", "inspect_rows", "inspect_table", "load_archives",
+    "export_redis", "import_cache", "import_redis", "inspect_rows", "inspect_table", "load_archives", "read_archives",
     "merge_archives", "select_fingerprints", "single_archive", "summary",
 ]
 
@@ -77,12 +79,18 @@ def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> An
     return table
 
 
-def single_archive(path: Path | str) -> Archive:
-    """The one archive at ``path`` (an archive folder, or a folder holding exactly one), verified."""
+def read_archives(path: Path | str) -> list[Archive]:
+    """Every archive at ``path``, verified but not its signature: for reading (inspect), never for trusting."""
+    return [read_archive(folder) for folder in archive_folders(path)]
+
+
+def single_archive(path: Path | str, trust: Trust | None = None) -> Archive:
+    """The one archive at ``path`` (an archive folder, or a folder holding exactly one), verified (its signature
+    too, given ``trust``)."""
     folders = archive_folders(path)
     if len(folders) != 1:
         raise ArchiveError(f"{path}: holds {len(folders)} archives; name one fingerprint folder")
-    return read_archive(folders[0])
+    return read_archive(folders[0], trust=trust)
 
 
 @dataclass
@@ -93,11 +101,15 @@ class MergeResult:
     replaced: int
 
 
-def merge_archives(inputs: Sequence[Path | str], out: Path | str) -> MergeResult:
+def merge_archives(inputs: Sequence[Path | str], out: Path | str, *, signer: SigningKey | None = None,
+                   trust: Trust | None = None) -> MergeResult:
     """Merge archives of ONE fingerprint into ``out/<digest>/``: per key the replacement rule decides (a verified
     record beats an unverified one, otherwise the newer wins, ties to the later input); the kept record's trial
-    rows and problem id follow it."""
-    archives = [single_archive(p) for p in inputs]
+    rows and problem id follow it. A merge signed by ``signer`` vouches for its inputs, so each must then pass
+    ``trust`` (default ``Trust.from_env()``); an unsigned merge checks only what ``trust`` is given."""
+    if signer is not None and trust is None:
+        trust = Trust.from_env()
+    archives = [single_archive(p, trust) for p in inputs]
     digests = sorted({a.digest for a in archives})
     if len(digests) > 1:
         raise ArchiveError(f"cannot merge archives of different fingerprints ({', '.join(digests)})")
@@ -109,7 +121,7 @@ def merge_archives(inputs: Sequence[Path | str], out: Path | str) -> MergeResult
             if old is None or replaces(entry.record, old.record):
                 replaced += old is not None
                 kept[sha] = entry
-    written = write_archive(out, archives[0].fingerprint, kept.values())
+    written = write_archive(out, archives[0].fingerprint, kept.values(), signer=signer)
     return MergeResult(written, len(archives), sum(len(a.entries) for a in archives), replaced)
 
 

@@ -1,7 +1,8 @@
 """``farm archive export``: the decisions of Redis or a local cache, one archive per fingerprint.
 
 Each fingerprint is read as one consistent snapshot (Redis: one MULTI/EXEC; the local cache: batches of its write
-order) and written by ``farm.stores.archive.write_archive``; unreadable stored decisions are skipped and reported.
+order) and written by ``farm.stores.archive.write_archive``, signed by the farm's key when one is given (``signer``);
+unreadable stored decisions are skipped and reported.
 """
 
 from __future__ import annotations
@@ -14,10 +15,29 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
-from farm.stores.archive import ArchiveEntry, ArchiveError, WrittenArchive, record_text, write_archive
+from farm.stores.archive import (
+    ArchiveEntry,
+    ArchiveError,
+    SigningKey,
+    WrittenArchive,
+    record_text,
+    write_archive,
+)
 from farm.stores.base import DecisionRecord, key_sha256
 from farm.stores.local import STORE_FILE, LocalStore
 from farm.stores.redis import RedisDecisions
+
+
+def signers_key(decisions: RedisDecisions, fingerprint_digest: str) -> str:
+    """Hash per fingerprint: sha256(cache key) -> "<key id> <record checksum>", the signer of the archive the
+    decision was imported from, valid while the stored record still has that checksum (a later publication of the
+    key, by the farm or an unsigned import, leaves it stale, and it is ignored)."""
+    return decisions.settings.key("signers", fingerprint_digest)
+
+
+def record_checksum(text: str) -> str:
+    """The checksum of a record text (``DecisionRecord.to_json`` writes it last: ``..."checksum":"<hex>"}``)."""
+    return text[-66:-2]
 
 
 def select_fingerprints(available: dict[str, str], wanted: str | None, where: str) -> dict[str, str]:
@@ -41,6 +61,7 @@ class ExportResult:
     fingerprint: str
     written: WrittenArchive
     skipped: list[str] = field(default_factory=list)
+    provenance: dict[str, int] = field(default_factory=dict)
 
     @property
     def digest(self) -> str:
@@ -69,7 +90,8 @@ def _trial_list(raw: Any, sha: str, skipped: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | None = None) -> list[ExportResult]:
+def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | None = None, *,
+                 signer: SigningKey | None = None) -> list[ExportResult]:
     """Write ``out/<digest>/`` for every fingerprint in Redis (or the one ``fingerprint`` names).
 
     Each fingerprint's decisions, trial rows and problem index are read in one MULTI/EXEC (a consistent snapshot:
@@ -81,7 +103,9 @@ def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | 
         pipe.hgetall(s.decisions_key(digest))
         pipe.hgetall(s.trials_key(digest))
         pipe.hgetall(s.problems_key(digest))
-        raw_decisions, raw_trials, problems = pipe.execute()
+        pipe.hgetall(signers_key(decisions, digest))
+        raw_decisions, raw_trials, problems, signed = pipe.execute()
+        provenance: dict[str, int] = {}
         indexed: dict[str, list[str]] = {}
         for pid, field_name in problems.items():
             indexed.setdefault(field_name, []).append(pid)
@@ -99,11 +123,16 @@ def export_redis(decisions: RedisDecisions, out: Path | str, fingerprint: str | 
             trials = _trial_list(raw_trials.get(field_name), field_name, skipped)
             entries.append(ArchiveEntry(record, _problem_id(record, indexed, field_name), tuple(trials),
                                         record_text(raw)))
-        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped), skipped))
+            key_id, _, checksum = str(signed.get(field_name, "")).partition(" ")
+            if key_id and checksum == record_checksum(raw):
+                provenance[key_id] = provenance.get(key_id, 0) + 1
+        written = write_archive(out, text, entries, skipped=skipped, signer=signer, provenance=provenance)
+        results.append(ExportResult(text, written, skipped, provenance))
     return results
 
 
-def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None = None) -> list[ExportResult]:
+def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None = None, *,
+                 signer: SigningKey | None = None) -> list[ExportResult]:
     """Write ``out/<digest>/`` for every fingerprint of a local cache (``farm.stores.local``: the embedded farm's
     ``--cache-dir`` or a runtime's ``cache_directory``), with the trial rows and problem ids stored beside them."""
     directory = Path(directory)
@@ -136,6 +165,6 @@ def export_cache(directory: Path | str, out: Path | str, fingerprint: str | None
     for digest, text in selected.items():
         _, entries, skipped = by_digest[digest]
         skipped += loose
-        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped), skipped))
+        results.append(ExportResult(text, write_archive(out, text, entries, skipped=skipped, signer=signer), skipped))
         loose = []
     return results

@@ -1,6 +1,7 @@
 """``farm archive import``: verified archives into Redis or a local cache, under the replacement rule.
 
-Every archive is read and verified completely (``farm.stores.archive.read_archive``) and the fingerprint rule
+Every archive's signature is checked against the trusted keys (``farm.stores.archive.Trust``), then every archive
+is read and verified completely (``farm.stores.archive.read_archive``) and the fingerprint rule
 applied before anything is written: a bad archive imports nothing. The verified decisions are published column by
 column (``PublicationBatch``, no record objects), one batch per archive, under the stores' replacement rule: into
 Redis by ``farm.stores.redis_batch.publish_batch`` (a thousand decisions per MULTI/EXEC, judged
@@ -20,6 +21,7 @@ from farm.stores.archive import (
     Archive,
     ArchiveError,
     ArchiveRows,
+    Trust,
     archive_folders,
     decision_row,
     read_archive,
@@ -29,7 +31,7 @@ from farm.stores.base import PublicationBatch
 from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions
 from farm.stores.redis_batch import publish_batch
-from farm_coordinator.archive_export import select_fingerprints
+from farm_coordinator.archive_export import record_checksum, select_fingerprints, signers_key
 
 
 @dataclass
@@ -48,9 +50,12 @@ class ImportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def load_archives(path: Path | str) -> list[Archive]:
-    """Every archive at ``path`` (one archive folder, or a folder of them), each read and verified completely."""
-    return [read_archive(folder) for folder in archive_folders(path)]
+def load_archives(path: Path | str, trust: Trust | None = None) -> list[Archive]:
+    """Every archive at ``path`` (one archive folder, or a folder of them), each read and verified completely, its
+    signature first: only archives ``trust`` accepts (default ``Trust.from_env()``: signed by a key of
+    ``FARM_TRUSTED_KEYS``) are loaded, and any other refuses them all."""
+    trust = Trust.from_env() if trust is None else trust
+    return [read_archive(folder, trust=trust) for folder in archive_folders(path)]
 
 
 def _plan(archives: Sequence[Archive], target: Callable[[Archive], str], force: bool,
@@ -126,8 +131,24 @@ def import_redis(archives: Sequence[Archive], decisions: RedisDecisions, fingerp
             raise ArchiveError(f"Redis refused the import of archive {archive.digest} (applied: {what}, and its "
                                f"transactions before the refused one): {e}") from None
         applied += len(batch)
+        _record_signer(decisions, archive, target, batch, replies)
         results.append(_count(result, replies))
     return results
+
+
+def _record_signer(decisions: RedisDecisions, archive: Archive, target: str, batch: PublicationBatch,
+                   replies: list[tuple[bool, str]]) -> None:
+    """Note the archive's signer beside each decision it published (not those the stored record kept), with the
+    published record's checksum, so that an export from Redis names where its decisions came from."""
+    if archive.signer is None:
+        return
+    texts = batch.texts[0:len(batch)]  # one read of the column (a TextColumn reads a slice at once)
+    signed = {digest.hex(): f"{archive.signer} {record_checksum(text)}"
+              for digest, text, (replaced, _) in zip(batch.digests, texts, replies, strict=True) if replaced}
+    key = signers_key(decisions, fingerprint_digest(target))
+    items = list(signed.items())
+    for at in range(0, len(items), 1000):
+        decisions.client.hset(key, mapping=dict(items[at:at + 1000]))
 
 
 def import_cache(archives: Sequence[Archive], directory: Path | str, fingerprint: str,

@@ -86,7 +86,7 @@ class StackTuner:
         self._lock = threading.Lock()
         self._memory = MemoryStore(policy.capacity, memory_eviction)
         self._disk = LocalStore(cache_directory, policy.capacity, policy.ttl) if cache_directory is not None else None
-        self._fleet = tuple(open_fleet_source(f) for f in fleet)
+        self._fleet = tuple(open_fleet_source(f, policy.trusted_keys) for f in fleet)
         self._write_through = fleet_write_through
         self._requests: OrderedDict[tuple[Problem, tuple[Candidate, ...] | Roster, int, str], Request] = OrderedDict()
         self._counters = dict.fromkeys(Stats.__dataclass_fields__, 0)

@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 
 from farm.encoding import fields, split_fields
-from farm.errors import TuneFailure
+from farm.errors import FarmError, TuneFailure
+from farm.trustedkeys import parse_public_key
 
 
 class Mode(enum.Enum):
@@ -139,7 +140,9 @@ class StackPolicy:
     is the share of a winner's pairs that may be disturbed by interference before it is re-measured (and before a
     confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
     reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
-    verdict means (docs/decisions.md).
+    verdict means (docs/decisions.md). ``trusted_keys`` (public key lines, ``farm keys init``) are the signers
+    whose archives an archive-directory fleet tier serves (empty: ``FARM_TRUSTED_KEYS``; docs/archives.md,
+    "Signatures"); not in the accuracy key either.
 
     ``strategy`` chooses which configs of a tunable set's spaces a search evaluates (farm.strategies):
     "exhaustive" (every feasible config in order), "random" (distinct feasible configs drawn with ``seed``) or
@@ -176,6 +179,7 @@ class StackPolicy:
     seed: int = 0
     nearest: bool = True
     max_distance: float = 3.0
+    trusted_keys: tuple[str, ...] = ()
 
     def validate(self) -> StackPolicy:
         """Check every field's range; return self so it chains."""
@@ -208,6 +212,14 @@ class StackPolicy:
         if not isinstance(self.tolerance, Tolerance):
             raise bad("tolerance", "must be a Tolerance")
         self.tolerance.validate("policy.tolerance")
+        if not (isinstance(self.trusted_keys, tuple) and all(isinstance(k, str) for k in self.trusted_keys)):
+            raise bad("trusted_keys", "must be a tuple of public key lines")
+        if self.trusted_keys:
+            for i, line in enumerate(self.trusted_keys):
+                try:
+                    parse_public_key(line, f"policy.trusted_keys[{i}]")
+                except FarmError as e:
+                    raise TuneFailure.invalid(str(e)) from None
         integer("warmups", 1, 100)
         integer("samples", 3, 101, odd=True)
         if self.max_samples is not None:
@@ -272,6 +284,8 @@ class StackPolicy:
             raise TuneFailure.invalid(f"{where}: unknown field {unknown[0]!r}")
         values: dict[str, object] = dict(data)
         try:
+            if isinstance(values.get("trusted_keys"), list):
+                values["trusted_keys"] = tuple(values["trusted_keys"])  # type: ignore[arg-type]
             if "mode" in values:
                 values["mode"] = Mode(values["mode"])
             if "timing" in values:

@@ -49,7 +49,33 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if is_amqp(settings.broker_url):
         config.update(amqp_config())
+        url, tls = amqp_tls(str(settings.broker_url))
+        if tls:
+            config["broker_url"], config["broker_use_ssl"] = url, tls
     return config
+
+
+_AMQP_TLS_KEYS = {"ssl_cert_reqs": "cert_reqs", "ssl_ca_certs": "ca_certs", "ssl_certfile": "certfile",
+                  "ssl_keyfile": "keyfile"}
+
+
+def amqp_tls(url: str) -> tuple[str, dict[str, Any]]:
+    """An ``amqps://`` URL's TLS settings, given in its query as for ``rediss://`` (``ssl_cert_reqs=required``,
+    ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``), as py-amqp's ``broker_use_ssl`` options, and the URL
+    without them (kombu would hand the ``ssl_`` names to py-amqp, which knows them without the prefix)."""
+    import ssl
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "amqps" or not parts.query:
+        return url, {}
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    tls: dict[str, Any] = {_AMQP_TLS_KEYS[k]: v for k, v in query if k in _AMQP_TLS_KEYS}
+    if "cert_reqs" in tls:
+        tls["cert_reqs"] = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL,
+                            "none": ssl.CERT_NONE}.get(str(tls["cert_reqs"]).lower(), ssl.CERT_REQUIRED)
+    rest = urlencode([(k, v) for k, v in query if k not in _AMQP_TLS_KEYS])
+    return urlunsplit(parts._replace(query=rest)), tls
 
 
 def is_amqp(url: str | None) -> bool:

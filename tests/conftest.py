@@ -34,6 +34,12 @@ def _isolated_controller(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     monkeypatch.setenv("FARM_LOCK_DIR", str(tmp_path_factory.mktemp("locks")))
     for tag in ("FARM_AUTOTUNE_DRIVER_TAG", "FARM_AUTOTUNE_BUILD_TAG", "FARM_AUTOTUNE_CONTEXT_TAG"):
         monkeypatch.delenv(tag, raising=False)
+    # Archives are refused unsigned by default (docs/archives.md, "Signatures"). The suite's archive tests are about
+    # what archives hold, so they run in development mode; tests/test_signed_archives.py and tests/test_readme.py
+    # unset it and prove the strict default, as a user meets it.
+    monkeypatch.setenv("FARM_ALLOW_UNSIGNED", "1")
+    for name in ("FARM_TRUSTED_KEYS", "FARM_SIGNING_KEY"):
+        monkeypatch.delenv(name, raising=False)
     yield
     adapter._uninstall_for_tests()
     clear_environment_memo()

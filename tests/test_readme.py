@@ -60,7 +60,9 @@ BLOCKS = readme_blocks(README.read_text())
 
 
 def run_python(script: str, cwd: Path) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "FARM_ALLOW_UNSIGNED"}  # as a user runs it (conftest.py)
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
 
@@ -130,6 +132,7 @@ def test_the_readme_python_blocks_run_in_order_and_print_what_their_comments_sho
 def test_a_readme_shell_block_runs_as_written_and_writes_what_it_names(block, tmp_path):
     cwd = ROOT if block.in_root else tmp_path
     env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env.pop("FARM_ALLOW_UNSIGNED", None)  # the suite's development mode (tests/conftest.py): a user has none
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])

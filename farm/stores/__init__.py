@@ -15,16 +15,18 @@ from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 
 
-def open_fleet_source(source: DecisionStore | str | Path) -> DecisionStore:
-    """A fleet tier from a store, a Redis URL or an archive directory (Redis and pyarrow load lazily)."""
+def open_fleet_source(source: DecisionStore | str | Path, trusted_keys: tuple[str, ...] = ()) -> DecisionStore:
+    """A fleet tier from a store, a Redis URL or an archive directory (Redis and pyarrow load lazily). An archive
+    directory serves the archives signed by ``trusted_keys`` (key lines; empty: ``FARM_TRUSTED_KEYS``)."""
     if isinstance(source, str) and source.split("://", 1)[0] in ("redis", "rediss", "unix"):
         from farm.stores.redis import RedisDecisions
 
         return RedisDecisions(source)
     if isinstance(source, (str, Path)):
-        from farm.stores.archive import ArchiveStore
+        from farm.stores.archive import ArchiveStore, Trust
 
-        return ArchiveStore(Path(source))
+        trust = Trust.from_env(trusted_keys="\n".join(trusted_keys)) if trusted_keys else None
+        return ArchiveStore(Path(source), trust=trust)
     return source
 
 

@@ -2,7 +2,7 @@
 
 ``schema`` (files, columns, the record text of a row), ``writer`` (schema 2, atomic folders), ``files`` (hostile-file
 safe reading), ``reader``, ``rows``, ``trialjson`` and ``checks`` (verifying, batched, column-wise where it can),
-``v1`` (schema 1, read only), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's
+``v1`` (schema 1, read only), ``signing`` (Ed25519 signatures of manifests, trusted keys), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's
 read-only fleet tier). The fleet-side operations (export, import, merge, diff) live in ``farm_coordinator.archive``. pyarrow is
 imported lazily.
 """
@@ -38,13 +38,24 @@ from farm.stores.archive.schema import (
     record_text,
     rekey,
 )
+from farm.stores.archive.signing import (
+    SIGNATURE_FILE,
+    SigningKey,
+    Trust,
+    generate_keys,
+    load_signing_key,
+    read_trusted_keys,
+    signing_key_from_env,
+)
 from farm.stores.archive.store import ArchiveStore
 from farm.stores.archive.writer import WrittenArchive, swap_directory, write_archive
 from farm.stores.base import canonical_json, key_sha256
+from farm.trustedkeys import PublicKey
 
 __all__ = [
     "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",
-    "KEY_PARTS", "MANIFEST_FILE", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
+    "KEY_PARTS", "MANIFEST_FILE", "SIGNATURE_FILE", "PublicKey", "SigningKey", "Trust", "generate_keys",
+    "load_signing_key", "read_trusted_keys", "signing_key_from_env", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
     "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveRows", "ArchiveStore",
     "WrittenArchive", "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row",
     "is_archive", "key_sha256", "read_archive", "read_manifest", "read_regular", "record_body", "record_text",

@@ -35,6 +35,7 @@ from farm.stores.archive.schema import (
     ArchiveError,
     check_trial_ranges,
 )
+from farm.stores.archive.signing import Trust
 from farm.stores.archive.trialjson import group_trials, trial_fragments
 from farm.stores.base import DecisionRecord
 from farm.stores.columns import TextColumn
@@ -43,6 +44,13 @@ MAX_MANIFEST_BYTES = 1 << 20
 # Schema 2 columns decoded as dictionaries: each distinct value is checked and encoded once.
 _READ_DICTIONARY = ("key_version", "scope", "operation_key", "execution_context", "manifest", "accuracy_key", "winner")
 _READ_TRIAL_DICTIONARY = tuple(name for name, kind, _ in TRIAL_COLUMNS if kind == "string" and name != "extra_json")
+
+
+class Manifest(dict[str, Any]):
+    """A checked manifest.json; ``signer``: the key id whose signature of it was verified (None: not checked, or
+    an unsigned archive accepted for development)."""
+
+    signer: str | None = None
 
 
 @dataclass
@@ -62,6 +70,11 @@ class Archive:
     @property
     def digest(self) -> str:
         return str(self.manifest["digest"])
+
+    @property
+    def signer(self) -> str | None:
+        """The key id that signed the archive (verified), or None (unsigned, or read without a trust check)."""
+        return getattr(self.manifest, "signer", None)
 
     @property
     def trial_rows(self) -> int:
@@ -97,12 +110,15 @@ def archive_folders(path: Path | str) -> list[Path]:
     return found
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
+def read_manifest(folder: Path, trust: Trust | None = None) -> Manifest:
     """Parse and check manifest.json: schema version, fingerprint and digest (= the folder name), row counts,
-    checksums. ArchiveError naming the field otherwise."""
+    checksums; given ``trust``, its signature first (``Trust.check``, on the very bytes parsed). ArchiveError
+    naming the file and field otherwise."""
     path = folder / MANIFEST_FILE
+    raw = read_regular(path, limit=MAX_MANIFEST_BYTES)
+    signer = trust.check(folder, raw) if trust is not None else None
     try:
-        data = json.loads(read_regular(path, limit=MAX_MANIFEST_BYTES))
+        data = json.loads(raw)
     except ValueError as e:
         raise ArchiveError(f"{path}: not readable JSON: {e}") from None
     if not isinstance(data, dict):
@@ -138,16 +154,19 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if not (isinstance(sizes, dict) and all(isinstance(sizes.get(n), int) and not isinstance(sizes.get(n), bool)
                                             and sizes[n] >= 0 for n in DATA_FILES)):
         raise ArchiveError(f"{path}: field 'bytes' = {sizes!r}: must hold the byte count of each file")
-    return data
+    manifest = Manifest(data)
+    manifest.signer = signer
+    return manifest
 
 
-def read_archive(folder: Path | str, *, trials: bool = True) -> Archive:
+def read_archive(folder: Path | str, *, trials: bool = True, trust: Trust | None = None) -> Archive:
     """Read and verify one archive folder completely (schema 1 or 2); ArchiveError (naming file, row and field)
-    on any problem. A key that appears twice is refused. ``trials=False`` leaves the trial rows out."""
+    on any problem. A key that appears twice is refused. ``trials=False`` leaves the trial rows out. Given
+    ``trust``, the manifest's signature is checked first (imports and merges; inspect and diff only read)."""
     from farm.stores.archive import v1
 
     folder = Path(folder)
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, trust)
     version = manifest["schema_version"]
     digest = manifest["digest"]
     columns, trial_columns = (DECISION_COLUMNS, TRIAL_COLUMNS) if version == 2 else (v1.DECISION_COLUMNS,

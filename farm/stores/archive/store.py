@@ -27,6 +27,7 @@ from farm.stores.archive.schema import (
     record_body,
     with_checksum,
 )
+from farm.stores.archive.signing import UNSIGNED_WARNING, Trust
 from farm.stores.base import DecisionRecord, key_sha256, replaces
 
 log = logging.getLogger(__name__)
@@ -122,21 +123,28 @@ class ArchiveStore:
     lookup that needed it raises CorruptRecord (the controller counts a cache warning and treats it as a miss).
     When several archives hold the key, the replacement rule picks the record (``farm.stores.base.replaces``).
 
+    Only archives ``trust`` accepts are served (default ``Trust.from_env()``: ``FARM_TRUSTED_KEYS``): an
+    unsigned archive (unless unsigned ones are allowed, for development), a bad signature or a key not trusted is
+    checked on the manifest's bytes at construction, logged as a warning and skipped (its lookups are misses).
+
     ``put`` raises TuneFailure UNAVAILABLE (archives are written by ``farm archive``, never by the runtime);
     ``delete`` is a no-op (the controller never deletes from the fleet tier; it forgets in memory).
     """
 
-    def __init__(self, *directories: Path | str, row_groups: int = 4) -> None:
+    def __init__(self, *directories: Path | str, row_groups: int = 4, trust: Trust | None = None) -> None:
         self.directories = tuple(Path(d) for d in directories)
         self.row_groups = row_groups
+        self.trust = Trust.from_env() if trust is None else trust
         self._manifests: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
         for directory in self.directories:
             for folder in archive_folders(directory):
                 try:
-                    manifest = read_manifest(folder)
+                    manifest = read_manifest(folder, self.trust)
                 except ArchiveError as e:
                     log.warning("archive %s is unusable and skipped: %s", folder, e)
                     continue
+                if manifest.signer is None:
+                    log.warning(UNSIGNED_WARNING.format(folder=folder))
                 self._manifests.setdefault(manifest["digest"], []).append((folder, manifest))
         self._loaded: dict[str, list[_Loaded]] = {}
         self._broken: dict[str, str] = {}

@@ -42,6 +42,7 @@ from farm.stores.archive.schema import (
     key_hash64,
     record_body,
 )
+from farm.stores.archive.signing import SIGNATURE_FILE, SigningKey
 from farm.stores.base import canonical_json
 
 _TRIAL_GETTER = operator.itemgetter(*TRIAL_FIELDS)
@@ -84,14 +85,18 @@ def decision_values(entry: ArchiveEntry, fingerprint: str) -> tuple[Any, ...]:
 
 
 def write_archive(parent: Path | str, fingerprint: str, entries: Iterable[ArchiveEntry], *,
-                  created: float | None = None, skipped: list[str] | None = None) -> WrittenArchive:
+                  created: float | None = None, skipped: list[str] | None = None,
+                  signer: SigningKey | None = None, provenance: dict[str, int] | None = None) -> WrittenArchive:
     """Write the archive of ``fingerprint`` to ``parent/<digest>/`` (schema 2), atomically replacing any archive
     there.
 
     Every entry is checked as a reader would check it (key structure, fingerprint, ranges); two entries with the
     same key must be identical. A bad entry is an ArchiveError, or, given a ``skipped`` list, left out with the
     reason appended there (exports skip what cannot be archived). Rows are sorted by cache key, so the same
-    decisions give the same files.
+    decisions give the same files. Given ``signer``, the manifest is signed (``manifest.sig``, docs/archives.md,
+    "Signatures"); without one the archive is unsigned, and readers that check trust refuse it. ``provenance``
+    (key id -> decisions) names the signers of the archives some decisions were imported from: the manifest's
+    optional ``provenance.signers``.
     """
     import pyarrow as pa
 
@@ -165,7 +170,11 @@ def write_archive(parent: Path | str, fingerprint: str, entries: Iterable[Archiv
         "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in blobs.items()},
         "bytes": {name: len(data) for name, data in blobs.items()},
     }
+    if provenance:
+        manifest["provenance"] = {"signers": dict(sorted(provenance.items()))}
     blobs[MANIFEST_FILE] = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    if signer is not None:
+        blobs[SIGNATURE_FILE] = signer.signature_for(blobs[MANIFEST_FILE])
     target = Path(parent) / digest
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = make_temp_directory(target.parent, f".{digest}.tmp-")
