@@ -331,6 +331,10 @@ from farm_cli import archive as _archive  # noqa: E402  (registers `farm archive
 
 main.add_command(_archive.archive)
 
+from farm_cli import compile as _compile  # noqa: E402  (registers `farm compile`)
+
+main.add_command(_compile.compile_command)
+
 if __name__ == "__main__":
     main()
 

@@ -2,4 +2,5 @@
 
 from farm_cli import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process pool worker (farm compile) imports this module
+    main()

@@ -13,6 +13,7 @@ for host arrays. That lets the tests drive every CUDA candidate's Python side wi
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class CudaProgram:
         self._modules: dict[int, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
+        self.cubin_keys: dict[int, str] = {}  # device id -> the kernel cache key of the cubin loaded there
 
     def kernel(self, base: str, dtypes: Sequence[str]) -> CudaKernel:
         """The kernel family ``base`` with one ``extern "C"`` entry per dtype: ``{base}_{f16|f32|f64}``."""
@@ -76,11 +78,24 @@ class CudaProgram:
                 try:
                     module = self._modules.get(key[0])
                     if module is None:
-                        module = self._modules[key[0]] = cupy.RawModule(code=self.text, options=self.options)
+                        module = self._modules[key[0]] = self._load(cupy)
                     found = self._functions[key] = module.get_function(name)
                 except Exception as e:
                     raise TuneFailure.rejected(f"{self.filename}: cannot load {name} (options {self.options}): {e}") from e
         return found
+
+    def _load(self, cupy: Any) -> Any:
+        """The program's module on the current device: the kernel cache's cubin when one is configured (no NVRTC
+        on the trial path once the compile stage ran), else CuPy compiles the source itself."""
+        cache = kernel_cache()
+        if cache is None:
+            return cupy.RawModule(code=self.text, options=self.options)
+        from farm_kernels.cuda.compile import load_cubin
+
+        device = cupy.cuda.Device()
+        entry = load_cubin(self, f"sm_{device.compute_capability}", cache)
+        self.cubin_keys[device.id] = entry.key
+        return cupy.RawModule(cubin=entry.cubin)
 
     def __repr__(self) -> str:
         return f"CudaProgram({self.filename!r}, options={self.options!r})"
@@ -116,6 +131,27 @@ class CudaKernel:
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.program.filename}:{self.base})"
+
+
+_kernel_cache: list[Any] = []  # the cache use_kernel_cache set (one item), else none
+
+
+def use_kernel_cache(cache: Any) -> None:
+    """Load every program's cubin through ``cache`` (a farm_kernels.cuda.kcache.KernelCache; None: back to
+    ``$FARM_KERNEL_CACHE`` or CuPy's own compile)."""
+    _kernel_cache[:] = [] if cache is None else [cache]
+
+
+def kernel_cache() -> Any:
+    """The kernel cache programs load from: :func:`use_kernel_cache`'s, else ``$FARM_KERNEL_CACHE`` (a directory
+    or a ``redis://`` URL), else None (CuPy compiles on first launch)."""
+    if _kernel_cache:
+        return _kernel_cache[0]
+    if not os.environ.get("FARM_KERNEL_CACHE"):
+        return None
+    from farm_kernels.cuda.kcache import open_cache
+
+    return open_cache()
 
 
 MAX_GRID = (2**31 - 1, 65535, 65535)

@@ -1,0 +1,50 @@
+"""``farm compile``: the compile stage of a catalog's CUDA spaces, ahead of any GPU (farm_kernels.cuda.compile)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from farm_cli.errors import errors
+
+KERNELS_HELP = "Import operations from this module (repeatable), as for farm tune."
+
+
+@click.command("compile")
+@click.argument("catalog", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--arch", required=True, help="The architecture to compile for (a fingerprint's: sm_80, sm_90).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Kernel cache directory (default: $FARM_KERNEL_CACHE or ~/.cache/farm/kernels).")
+@click.option("--redis", "redis_url", help="Store kernels in this Redis (the fleet's kernel cache) instead.")
+@click.option("--processes", type=click.IntRange(min=1), help="Compile processes (default: the CPU cores).")
+@click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"configs", "compiled", "cached", "infeasible", "failed", "seconds"} as JSON.')
+def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url: str | None,
+                    processes: int | None, kernels: tuple[str, ...], as_json: bool) -> None:
+    """Compile every config of CATALOG's CUDA spaces for ARCH with NVRTC on this machine's cores, prune those
+    that exceed the architecture's resources, and store cubins and verdicts in the kernel cache."""
+    from farm_coordinator.catalog import load_catalog
+    from farm_kernels import registry
+    from farm_kernels.cuda.compile import ensure_compiled
+    from farm_kernels.cuda.kcache import open_cache
+
+    with errors():
+        if cache_dir is not None and redis_url:
+            raise click.UsageError("--cache-dir and --redis name two caches: give one")
+        loaded = load_catalog(catalog, kernels)
+        names = dict.fromkeys(w.operation for w in loaded.workloads if "cuda" in w.devices)
+        sets = [s for s in (registry.get(n).cuda for n in names) if s is not None]
+        cache = open_cache(cache_dir, redis_url)
+        summary = ensure_compiled(sets, arch, cache, processes or len(os.sched_getaffinity(0)))
+        if as_json:
+            click.echo(json.dumps(summary.to_json()))
+            return
+        click.echo(f"{summary.configs} configs for {arch}: {summary.compiled} compiled, {summary.cached} cached, "
+                   f"{summary.infeasible} infeasible, {summary.failed} failed in {summary.seconds:.1f} s "
+                   f"(cache {cache.describe()})")
+        for candidate, reason in summary.rejected().items():
+            click.echo(f"  {candidate}: {reason.splitlines()[0]}")

@@ -1,0 +1,215 @@
+"""The compile stage: every feasible config of a set's CUDA spaces compiled with NVRTC on CPU cores, pruned by
+the resources its cubin declares, and stored in the kernel cache before any GPU trial.
+
+- :func:`jobs_for` lists a :class:`CompileJob` per feasible config (restrictions applied) of every space whose
+  function launches a :class:`~farm_kernels.cuda.spaces.KernelSpace`, for one architecture;
+- :func:`compile_job` compiles one (no GPU, no CuPy) and returns its :class:`~farm_kernels.cuda.kcache.KernelEntry`:
+  ``compiled``; ``infeasible`` when a kernel's registers, shared memory (static + the launch's dynamic) or
+  ``__launch_bounds__`` exceed the architecture's limits for the launch the config gets (the reason names them:
+  ``infeasible: gemm_space_f32: 96 registers x 1024 threads = 98304 > 65536 per block``); ``failed`` with NVRTC's
+  log for a compile error, never an exception;
+- :func:`compile_all` serves what the cache has and compiles the rest in a process pool, storing each entry;
+  :class:`CompileSummary` is what ``farm compile --json`` prints. A second run of the same jobs compiles nothing.
+
+:func:`load_cubin` is the GPU worker's path: the cubin from the cache (compiled once and stored on a miss);
+an entry the compile stage judged infeasible or failed is REJECTED there and never launched.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.errors import ConfigError, NvrtcError, TuneFailure
+from farm.tunable import TunableSet
+from farm_kernels.cuda import CudaProgram, cubin, nvrtc
+from farm_kernels.cuda.kcache import KernelCache, KernelEntry, kernel_key
+from farm_kernels.cuda.spaces import kernel_space_of
+
+VERBOSE = ("--ptxas-options=-v",)  # only adds ptxas' report to the log; not part of the key
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """One config's compile: what NVRTC gets, and the launch its entry points are checked against. Plain JSON
+    values only (:meth:`to_json`), so a job travels to a ``compile`` Celery worker as it is."""
+
+    key: str
+    candidate: str  # the config's candidate name, e.g. gemm[tile=32,coarsen=4]
+    filename: str
+    text: str
+    options: tuple[str, ...]
+    arch: str
+    entries: tuple[str, ...]
+    block: tuple[int, int, int]
+    shared_mem: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "candidate": self.candidate, "filename": self.filename, "text": self.text,
+                "options": list(self.options), "arch": self.arch, "entries": list(self.entries),
+                "block": list(self.block), "shared_mem": self.shared_mem}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompileJob:
+        block = tuple(int(v) for v in data["block"])
+        if len(block) != 3:
+            raise ValueError(f"compile job {data.get('candidate')!r}: block {data['block']!r} needs three extents")
+        return cls(str(data["key"]), str(data["candidate"]), str(data["filename"]), str(data["text"]),
+                   tuple(str(o) for o in data["options"]), str(data["arch"]), tuple(str(e) for e in data["entries"]),
+                   (block[0], block[1], block[2]), int(data.get("shared_mem", 0)))
+
+
+def check_arch(arch: str) -> None:
+    """ConfigError unless ``arch`` is ``sm_NN`` and this NVRTC can compile for it."""
+    digits = arch[3:] if arch.startswith("sm_") else ""
+    if not digits.isdigit():
+        raise ConfigError("--arch", "arch", arch, "must be a real architecture such as sm_80 or sm_90")
+    supported = nvrtc.supported_archs()
+    if int(digits) not in supported:
+        raise ConfigError("--arch", "arch", arch, "NVRTC %d.%d compiles for %s" % (*nvrtc.version(), ", ".join(f"sm_{a}" for a in supported)))
+
+
+def program_job(program: CudaProgram, arch: str, candidate: str = "", entries: Sequence[str] = (),
+                block: tuple[int, int, int] = (1, 1, 1), shared_mem: int = 0) -> CompileJob:
+    """The job compiling ``program`` exactly as CuPy would on an ``arch`` device (the key a GPU worker computes)."""
+    options = nvrtc.cupy_options(program, arch)
+    key = kernel_key(program.text, options, arch, nvrtc.version())
+    return CompileJob(key, candidate or program.filename, program.filename, program.text, options, arch,
+                      tuple(entries), block, shared_mem)
+
+
+def jobs_for(sets: Iterable[TunableSet], arch: str) -> list[CompileJob]:
+    """A job per feasible config of every CUDA kernel space of ``sets``, in each space's rank order."""
+    jobs = []
+    for ts in sets:
+        for space in ts.spaces:
+            ks = kernel_space_of(space.fn)
+            if ks is None:
+                continue
+            for rank in space.feasible_ranks():
+                config = space.config(rank)
+                launch = ks.launch(config)
+                jobs.append(program_job(ks.variant(config), arch, f"{ts.name} {space.config_name(config)}",
+                                        ks.entry_names(config), launch.block, launch.shared_mem))
+    return jobs
+
+
+def compile_job(job: CompileJob) -> KernelEntry:
+    """Compile ``job`` and judge its resources; a compile error is a ``failed`` entry with NVRTC's log."""
+    start = time.perf_counter()
+    try:
+        done = nvrtc.compile_text(job.text, job.filename, job.arch, job.options + VERBOSE)
+        found = cubin.kernels(done.cubin)
+    except NvrtcError as e:
+        # ptxas refuses a kernel whose static shared memory exceeds the architecture's limit: a resource verdict.
+        too_big = [" ".join(line.replace("ptxas error", "").strip(" :").split())
+                   for line in str(e).splitlines() if "uses too much shared data" in line]
+        if too_big:
+            return KernelEntry(job.key, "infeasible", "infeasible: " + "; ".join(too_big),
+                               seconds=time.perf_counter() - start)
+        return KernelEntry(job.key, "failed", f"failed: {e}", seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    limits = cubin.LIMITS.get(job.arch, cubin.ArchLimits(job.arch))
+    resources = {name: {"registers": r.registers, "shared": r.shared, "frame": r.frame, "max_threads": r.max_threads}
+                 for name, r in found.items() if not job.entries or name in job.entries}
+    problems = [f"{name}: entry point missing from the cubin" for name in job.entries if name not in found]
+    for name in job.entries:
+        if name in found:
+            problems += [f"{name}: {p}" for p in cubin.launch_problems(found[name], job.block, job.shared_mem, limits)]
+    if problems:
+        return KernelEntry(job.key, "infeasible", "infeasible: " + "; ".join(problems), resources, seconds=seconds)
+    return KernelEntry(job.key, "compiled", "", resources, done.cubin, seconds)
+
+
+def _compile_json(data: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The process pool's task: JSON job in, (entry metadata, cubin) out."""
+    entry = compile_job(CompileJob.from_json(data))
+    return entry.meta(), entry.cubin
+
+
+@dataclass
+class CompileSummary:
+    """What a compile run did. ``compiled + cached == configs``; ``infeasible`` and ``failed`` count the verdicts
+    of all configs, fresh or cached. ``verdicts`` maps each candidate to its entry's status and reason."""
+
+    configs: int = 0
+    compiled: int = 0
+    cached: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    compile_seconds: float = 0.0  # NVRTC time of the fresh compiles (CPU time a GPU worker no longer spends)
+    verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """``farm compile --json``: exactly configs, compiled, cached, infeasible, failed, seconds."""
+        return {"configs": self.configs, "compiled": self.compiled, "cached": self.cached,
+                "infeasible": self.infeasible, "failed": self.failed, "seconds": round(self.seconds, 3)}
+
+    def rejected(self) -> dict[str, str]:
+        """Candidate -> reason for every config that must not reach a GPU (infeasible or failed)."""
+        return {c: reason for c, (status, reason) in self.verdicts.items() if status != "compiled"}
+
+
+def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int = 1) -> CompileSummary:
+    """Serve ``jobs`` from ``cache`` and compile the misses on ``processes`` cores, storing every new entry."""
+    start = time.perf_counter()
+    summary = CompileSummary(configs=len(jobs))
+    entries: dict[str, KernelEntry] = {}
+    misses: dict[str, CompileJob] = {}
+    for job in jobs:
+        if job.key in entries or job.key in misses:
+            continue
+        found = cache.get(job.key)
+        if found is not None:
+            entries[job.key] = found
+        else:
+            misses[job.key] = job
+    fresh: list[KernelEntry] = []
+    if len(misses) == 1 or (misses and processes <= 1):
+        fresh = [compile_job(job) for job in misses.values()]
+    elif misses:
+        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads or sockets
+        with ProcessPoolExecutor(max_workers=min(processes, len(misses)), mp_context=context) as pool:
+            results = pool.map(_compile_json, [job.to_json() for job in misses.values()])
+            fresh = [KernelEntry.from_meta("compile worker", meta, data) for meta, data in results]
+    for entry in fresh:
+        cache.put(entry)
+        entries[entry.key] = entry
+        summary.compile_seconds += entry.seconds
+    for job in jobs:
+        entry = entries[job.key]
+        if job.key in misses:
+            summary.compiled += 1
+            misses.pop(job.key)  # a second config with the same key is served by the first one's compile
+        else:
+            summary.cached += 1
+        summary.infeasible += entry.status == "infeasible"
+        summary.failed += entry.status == "failed"
+        summary.verdicts[job.candidate] = (entry.status, entry.reason)
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def ensure_compiled(sets: Iterable[TunableSet], arch: str, cache: KernelCache, processes: int = 1) -> CompileSummary:
+    """The coordinator's compile stage for a space's trials: compile what the cache lacks; the summary's
+    :meth:`~CompileSummary.rejected` names the configs to leave out (each with its verdict)."""
+    check_arch(arch)
+    return compile_all(jobs_for(sets, arch), cache, processes)
+
+
+def load_cubin(program: CudaProgram, arch: str, cache: KernelCache) -> KernelEntry:
+    """The cubin a GPU worker loads for ``program`` on an ``arch`` device: from the cache, compiled once and
+    stored on a miss (its ``cubin`` and ``key``). REJECTED (the verdict's reason) for a config judged infeasible or failed."""
+    job = program_job(program, arch)
+    entry = cache.get(job.key)
+    if entry is None:
+        entry = compile_job(job)
+        cache.put(entry)
+    if entry.status != "compiled":
+        raise TuneFailure.rejected(f"{program.filename} {' '.join(program.options)}: {entry.reason}")
+    return entry
