@@ -70,7 +70,9 @@ def check_arch(arch: str) -> None:
         raise ConfigError("--arch", "arch", arch, "must be a real architecture such as sm_80 or sm_90")
     supported = nvrtc.supported_archs()
     if int(digits) not in supported:
-        raise ConfigError("--arch", "arch", arch, "NVRTC %d.%d compiles for %s" % (*nvrtc.version(), ", ".join(f"sm_{a}" for a in supported)))
+        raise ConfigError("--arch", "arch", arch,
+                          f"NVRTC {'.'.join(map(str, nvrtc.version()))} compiles for "
+                          + ", ".join(f"sm_{a}" for a in supported))
 
 
 def program_job(program: CudaProgram, arch: str, candidate: str = "", entries: Sequence[str] = (),
