@@ -29,12 +29,13 @@ def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url:
     that exceed the architecture's resources, and store cubins and verdicts in the kernel cache."""
     from farm_coordinator.catalog import load_catalog
     from farm_kernels import registry
-    from farm_kernels.cuda.compile import ensure_compiled
+    from farm_kernels.cuda.compile import check_arch, ensure_compiled
     from farm_kernels.cuda.kcache import open_cache
 
     with errors():
         if cache_dir is not None and redis_url:
             raise click.UsageError("--cache-dir and --redis name two caches: give one")
+        check_arch(arch)  # before the catalog: a typo in --arch is the first thing said
         loaded = load_catalog(catalog, kernels)
         names = dict.fromkeys(w.operation for w in loaded.workloads if "cuda" in w.devices)
         sets = [s for s in (registry.get(n).cuda for n in names) if s is not None]
