@@ -19,12 +19,15 @@ KERNELS_HELP = "Import operations from this module (repeatable), as for farm tun
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Kernel cache directory (default: $FARM_KERNEL_CACHE or ~/.cache/farm/kernels).")
 @click.option("--redis", "redis_url", help="Store kernels in this Redis (the fleet's kernel cache) instead.")
+@click.option("--broker", envvar="FARM_BROKER_URL", help="With --redis: compile on the fleet's compile queue "
+              "(farm worker --compile) instead of this machine.")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Fleet compile: seconds to wait.")
 @click.option("--processes", type=click.IntRange(min=1), help="Compile processes (default: the CPU cores).")
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"configs", "compiled", "cached", "infeasible", "failed", "seconds"} as JSON.')
-def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url: str | None,
-                    processes: int | None, kernels: tuple[str, ...], as_json: bool) -> None:
+def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url: str | None, broker: str | None,
+                    timeout: float, processes: int | None, kernels: tuple[str, ...], as_json: bool) -> None:
     """Compile every config of CATALOG's CUDA spaces for ARCH with NVRTC on this machine's cores, prune those
     that exceed the architecture's resources, and store cubins and verdicts in the kernel cache."""
     from farm_coordinator.catalog import load_catalog
@@ -40,7 +43,17 @@ def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url:
         names = dict.fromkeys(w.operation for w in loaded.workloads if "cuda" in w.devices)
         sets = [s for s in (registry.get(n).cuda for n in names) if s is not None]
         cache = open_cache(cache_dir, redis_url)
-        summary = ensure_compiled(sets, arch, cache, processes or len(os.sched_getaffinity(0)))
+        if broker:
+            if not redis_url:
+                raise click.UsageError("--broker compiles on the fleet, whose kernel cache is --redis: give both")
+            from farm_fleet.settings import Settings
+            from farm_kernels.cuda.compile import jobs_for
+            from farm_workers.compile import compile_on_fleet
+
+            summary = compile_on_fleet(jobs_for(sets, arch), Settings.from_env(broker_url=broker, redis_url=redis_url),
+                                       timeout, cache)
+        else:
+            summary = ensure_compiled(sets, arch, cache, processes or len(os.sched_getaffinity(0)))
         if as_json:
             click.echo(json.dumps(summary.to_json()))
             return

@@ -160,7 +160,6 @@ class CompileSummary:
 def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int = 1) -> CompileSummary:
     """Serve ``jobs`` from ``cache`` and compile the misses on ``processes`` cores, storing every new entry."""
     start = time.perf_counter()
-    summary = CompileSummary(configs=len(jobs))
     entries: dict[str, KernelEntry] = {}
     misses: dict[str, CompileJob] = {}
     for job in jobs:
@@ -182,18 +181,27 @@ def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int =
     for entry in fresh:
         cache.put(entry)
         entries[entry.key] = entry
-        summary.compile_seconds += entry.seconds
+    summary = tally(jobs, entries, set(misses))
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def tally(jobs: Sequence[CompileJob], entries: dict[str, KernelEntry], fresh: set[str]) -> CompileSummary:
+    """The summary of ``jobs`` given every job's entry; ``fresh`` are the keys compiled in this run (a second
+    config with a key already compiled counts as cached)."""
+    summary = CompileSummary(configs=len(jobs))
+    counted: set[str] = set()
     for job in jobs:
         entry = entries[job.key]
-        if job.key in misses:
+        if job.key in fresh and job.key not in counted:
             summary.compiled += 1
-            misses.pop(job.key)  # a second config with the same key is served by the first one's compile
+            summary.compile_seconds += entry.seconds
+            counted.add(job.key)
         else:
             summary.cached += 1
         summary.infeasible += entry.status == "infeasible"
         summary.failed += entry.status == "failed"
         summary.verdicts[job.candidate] = (entry.status, entry.reason)
-    summary.seconds = time.perf_counter() - start
     return summary
 
 
