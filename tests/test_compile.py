@@ -252,3 +252,32 @@ def test_on_the_device_a_space_config_runs_the_cached_cubin_and_matches_cublas(t
             assert variant.cubin_keys[cupy.cuda.Device().id] == stage.program_job(variant, arch).key
     finally:
         use_kernel_cache(None)
+
+
+def test_the_cubin_file_cupy_loads_is_the_directory_caches_own_or_a_copy_for_redis(
+        tmp_path: Path, redis_srv: Any, redis_db: Any) -> None:
+    program = matmul.gemm_space().variant({"tile": 16, "coarsen": 8})
+    directory = kcache.DirectoryCache(tmp_path)
+    entry = stage.load_cubin(program, ARCH, directory)
+    assert stage.cubin_file(entry, directory) == directory.cubin_path(entry.key)
+    fleet = kcache.open_cache(redis_url=redis_srv.url(1))
+    from_redis = stage.load_cubin(program, ARCH, fleet)
+    copy = stage.cubin_file(from_redis, fleet)
+    assert copy.read_bytes() == entry.cubin and entry.key in copy.name
+
+
+def test_programs_load_through_the_kernel_cache_that_farm_kernel_cache_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm_kernels.cuda import kernel_cache, use_kernel_cache
+
+    monkeypatch.delenv("FARM_KERNEL_CACHE", raising=False)
+    assert kernel_cache() is None  # CuPy compiles the source itself, as before
+    monkeypatch.setenv("FARM_KERNEL_CACHE", str(tmp_path))
+    found = kernel_cache()
+    assert isinstance(found, kcache.DirectoryCache) and found.root == tmp_path
+    explicit = kcache.DirectoryCache(tmp_path / "other")
+    use_kernel_cache(explicit)
+    try:
+        assert kernel_cache() is explicit
+    finally:
+        use_kernel_cache(None)

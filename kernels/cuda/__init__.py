@@ -90,12 +90,12 @@ class CudaProgram:
         cache = kernel_cache()
         if cache is None:
             return cupy.RawModule(code=self.text, options=self.options)
-        from farm_kernels.cuda.compile import load_cubin
+        from farm_kernels.cuda.compile import cubin_file, load_cubin
 
         device = cupy.cuda.Device()
         entry = load_cubin(self, f"sm_{device.compute_capability}", cache)
         self.cubin_keys[device.id] = entry.key
-        return cupy.RawModule(cubin=entry.cubin)
+        return cupy.RawModule(path=str(cubin_file(entry, cache)))  # CuPy loads a cubin from a path
 
     def __repr__(self) -> str:
         return f"CudaProgram({self.filename!r}, options={self.options!r})"

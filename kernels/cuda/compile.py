@@ -18,16 +18,20 @@ an entry the compile stage judged infeasible or failed is REJECTED there and nev
 from __future__ import annotations
 
 import multiprocessing
+import os
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from farm.atomicfile import write_atomic
 from farm.errors import ConfigError, NvrtcError, TuneFailure
 from farm.tunable import TunableSet
 from farm_kernels.cuda import CudaProgram, cubin, nvrtc
-from farm_kernels.cuda.kcache import KernelCache, KernelEntry, kernel_key
+from farm_kernels.cuda.kcache import DirectoryCache, KernelCache, KernelEntry, kernel_key
 from farm_kernels.cuda.spaces import kernel_space_of
 
 VERBOSE = ("--ptxas-options=-v",)  # only adds ptxas' report to the log; not part of the key
@@ -223,3 +227,14 @@ def load_cubin(program: CudaProgram, arch: str, cache: KernelCache) -> KernelEnt
     if entry.status != "compiled":
         raise TuneFailure.rejected(f"{program.filename} {' '.join(program.options)}: {entry.reason}")
     return entry
+
+
+def cubin_file(entry: KernelEntry, cache: KernelCache) -> Path:
+    """A file holding ``entry``'s cubin (what ``cupy.RawModule(path=...)`` loads): the directory cache's own file,
+    else a copy written once (atomically) under the temporary directory, named by the key."""
+    if isinstance(cache, DirectoryCache) and cache.cubin_path(entry.key).is_file():
+        return cache.cubin_path(entry.key)
+    path = Path(tempfile.gettempdir()) / f"farm-kernels-{os.getuid()}" / f"{entry.key}.cubin"
+    if not path.is_file():
+        write_atomic(path, entry.cubin)
+    return path

@@ -87,6 +87,10 @@ class DirectoryCache:
     def describe(self) -> str:
         return str(self.root)
 
+    def cubin_path(self, key: str) -> Path:
+        """Where ``key``'s cubin file is (whether or not it exists)."""
+        return self._paths(key)[1]
+
     def _paths(self, key: str) -> tuple[Path, Path]:
         _check_key(key)
         folder = self.root / key[:2]
