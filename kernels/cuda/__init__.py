@@ -2,7 +2,9 @@
 
 A :class:`CudaProgram` is one ``.cu`` file with ``common.cu`` prepended, plus the NVRTC options it is compiled
 with. Nothing here imports CuPy until a kernel is launched: the first launch on a device compiles the program
-with ``cupy.RawModule`` and keeps the module for that device. A candidate's code identity
+with ``cupy.RawModule`` and keeps the module for that device; with a kernel cache configured
+(:func:`use_kernel_cache`, ``$FARM_KERNEL_CACHE``) it loads the cubin the compile stage stored instead
+(:mod:`farm_kernels.cuda.compile`), and no NVRTC runs on the trial path. A candidate's code identity
 (:meth:`CudaProgram.identity`) is the program text, the options, the kernel name and the launch configuration,
 so changing any of them changes the tunable set's checksum.
 
