@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from nvrtc_support import skip_without_nvrtc
 
 from farm.arrays import array_signature
 from farm.errors import ConfigError, FailureKind, TuneFailure
 from farm.tunable import TunableSet
 from farm_cli import main
 from farm_kernels import matmul
-from farm_kernels.cuda import CudaProgram, cubin, kcache, nvrtc
+from farm_kernels.cuda import CudaProgram, cubin, kcache
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda.spaces import kernel_space_of
 
@@ -27,10 +28,7 @@ ARCH = "sm_90"
 
 @pytest.fixture(autouse=True)
 def needs_nvrtc() -> None:
-    try:
-        nvrtc.load()
-    except nvrtc.NvrtcUnavailable as e:
-        pytest.skip(str(e))
+    skip_without_nvrtc()
 
 
 def small_set(tiles: list[int], coarsen: list[int]) -> TunableSet:

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from nvrtc_support import skip_without_nvrtc
 from servers import WorkerProcess, farm_env
 
 from farm_cli import main
 from farm_fleet.settings import Settings
 from farm_kernels import matmul
 from farm_kernels.cuda import compile as stage
-from farm_kernels.cuda import kcache, nvrtc
+from farm_kernels.cuda import kcache
 from farm_workers.compile import CompileTimeout, compile_batch, compile_on_fleet
 
 ARCH = "sm_90"
@@ -27,10 +28,7 @@ ARCH = "sm_90"
 
 @pytest.fixture(autouse=True)
 def needs_nvrtc() -> None:
-    try:
-        nvrtc.load()
-    except nvrtc.NvrtcUnavailable as e:
-        pytest.skip(str(e))
+    skip_without_nvrtc()
 
 
 @pytest.fixture
