@@ -18,7 +18,7 @@ from farm.arrays import array_signature
 from farm.errors import ConfigError, FailureKind, TuneFailure
 from farm.tunable import TunableSet
 from farm_cli import main
-from farm_kernels import matmul
+from farm_kernels import matmul, transpose
 from farm_kernels.cuda import CudaProgram, cubin, kcache
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda.spaces import kernel_space_of
@@ -77,6 +77,23 @@ def test_a_space_config_launches_its_own_variant_with_the_block_its_defines_expe
     assert name == "gemm_space_f32"
     assert "-DGEMM_TILE=32" in options and "-DGEMM_CO=4" in options
     assert block == (32, 8, 1) and grid == (2, 3, 1)
+
+
+def test_the_transpose_tiles_space_launches_a_tile_by_rows_block_over_the_whole_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[tuple[str, tuple[str, ...], Any, Any]] = []
+
+    def function(self: CudaProgram, name: str) -> Any:
+        return lambda grid, block, args, shared_mem=0: launched.append((name, self.options, grid, block))
+
+    monkeypatch.setattr(CudaProgram, "function", function)
+    (space,) = transpose.cuda_tunable().spaces
+    assert kernel_space_of(space.fn) is not None
+    out = space.fn(np.ones((70, 33), np.float64), tile=32, rows=8, pad=1)
+    ((name, options, grid, block),) = launched
+    assert out.shape == (33, 70) and name == "transpose_space_f64"
+    assert {"-DTRANSPOSE_TILE=32", "-DTRANSPOSE_ROWS=8", "-DTRANSPOSE_PAD=1"} <= set(options)
+    assert block == (32, 8, 1) and grid == (2, 3, 1)
+    assert all(c["tile"] % c["rows"] == 0 for c in map(space.config, space.feasible_ranks()))
 
 
 def test_the_variants_cubin_holds_only_the_space_entry_points_with_the_configs_resources() -> None:
