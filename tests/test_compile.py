@@ -185,6 +185,8 @@ def test_a_redis_kernel_cache_stores_verdicts_and_cubins_for_the_fleet(redis_srv
     first = stage.compile_all(jobs, cache, processes=1)
     assert (first.configs, first.compiled, first.infeasible) == (3, 3, 1)
     assert list(first.rejected()) == ["matmul_small gemm[tile=128,coarsen=16]"]
+    assert list(first.rejected_configs("matmul_small")) == ["gemm[tile=128,coarsen=16]"]
+    assert first.rejected_configs("matmul") == {}
     assert len(redis_db.keys(kcache.REDIS_PREFIX + "*")) == 3
     second = stage.compile_all(jobs, kcache.open_cache(redis_url=redis_srv.url(1)), processes=1)
     assert (second.compiled, second.cached, second.infeasible) == (0, 3, 1)
@@ -241,33 +243,38 @@ def test_farm_compile_refuses_an_architecture_nvrtc_cannot_target(tmp_path: Path
 
 
 @pytest.mark.gpu
-def test_on_the_device_a_space_config_runs_the_cached_cubin_and_matches_cublas(tmp_path: Path) -> None:
+@pytest.mark.parametrize("operation", ["matmul", "transpose"])
+def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_reference(operation: str, tmp_path: Path) -> None:
     import cupy
 
     from farm_kernels.cuda import use_kernel_cache
 
     arch = f"sm_{cupy.cuda.Device().compute_capability}"
     cache = kcache.DirectoryCache(tmp_path)
-    ts = matmul.cuda_tunable()
+    module = {"matmul": matmul, "transpose": transpose}[operation]
+    ts = module.cuda_tunable()
     summary = stage.ensure_compiled([ts], arch, cache)
-    space = ts.spaces[0]
+    (space,) = ts.spaces
     ks = kernel_space_of(space.fn)
     assert ks is not None
+    a = cupy.random.uniform(-1, 1, (100, 70)).astype(cupy.float32)
+    inputs = (a, cupy.random.uniform(-1, 1, (70, 90)).astype(cupy.float32)) if operation == "matmul" else (a,)
+    expected = inputs[0] @ inputs[1] if operation == "matmul" else cupy.ascontiguousarray(a.T)
     use_kernel_cache(cache)
     try:
-        a = cupy.random.uniform(-1, 1, (100, 70)).astype(cupy.float32)
-        b = cupy.random.uniform(-1, 1, (70, 90)).astype(cupy.float32)
+        ran = 0
         for rank in space.feasible_ranks():
             config = space.config(rank)
-            if summary.verdicts[f"matmul {space.config_name(config)}"][0] != "compiled":
+            if summary.verdicts[f"{ts.name} {space.config_name(config)}"][0] != "compiled":
                 continue
-            out = space.fn(a, b, **config)
-            assert cupy.allclose(out, a @ b, atol=1e-3), config
+            out = space.fn(*inputs, **config)
+            assert cupy.allclose(out, expected, atol=1e-3), config
             variant = ks.variant(config)
             assert variant.cubin_keys[cupy.cuda.Device().id] == stage.program_job(variant, arch).key
+            ran += 1
+        assert ran == summary.configs - summary.infeasible - summary.failed
     finally:
         use_kernel_cache(None)
-
 
 def test_the_cubin_file_cupy_loads_is_the_directory_caches_own_or_a_copy_for_redis(
         tmp_path: Path, redis_srv: Any, redis_db: Any) -> None:

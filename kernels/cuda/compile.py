@@ -157,8 +157,14 @@ class CompileSummary:
                 "infeasible": self.infeasible, "failed": self.failed, "seconds": round(self.seconds, 3)}
 
     def rejected(self) -> dict[str, str]:
-        """Candidate -> reason for every config that must not reach a GPU (infeasible or failed)."""
+        """``"SET CONFIG"`` -> reason for every config that must not reach a GPU (infeasible or failed)."""
         return {c: reason for c, (status, reason) in self.verdicts.items() if status != "compiled"}
+
+    def rejected_configs(self, set_name: str) -> dict[str, str]:
+        """The rejected configs of the tunable set ``set_name``, by candidate name (``gemm[tile=128,coarsen=16]``,
+        the names the coordinator plans), each with its verdict's reason."""
+        head = f"{set_name} "
+        return {c[len(head):]: reason for c, reason in self.rejected().items() if c.startswith(head)}
 
 
 def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int = 1) -> CompileSummary:
