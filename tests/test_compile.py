@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -247,8 +248,6 @@ def test_farm_compile_refuses_an_architecture_nvrtc_cannot_target(tmp_path: Path
 def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_reference(operation: str, tmp_path: Path) -> None:
     import cupy
 
-    from farm_kernels.cuda import use_kernel_cache
-
     arch = f"sm_{cupy.cuda.Device().compute_capability}"
     cache = kcache.DirectoryCache(tmp_path)
     module = {"matmul": matmul, "transpose": transpose}[operation]
@@ -260,7 +259,7 @@ def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_r
     a = cupy.random.uniform(-1, 1, (100, 70)).astype(cupy.float32)
     inputs = (a, cupy.random.uniform(-1, 1, (70, 90)).astype(cupy.float32)) if operation == "matmul" else (a,)
     expected = inputs[0] @ inputs[1] if operation == "matmul" else cupy.ascontiguousarray(a.T)
-    use_kernel_cache(cache)
+    stage.use_kernel_cache(cache)
     try:
         ran = 0
         for rank in space.feasible_ranks():
@@ -274,7 +273,7 @@ def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_r
             ran += 1
         assert ran == summary.configs - summary.infeasible - summary.failed
     finally:
-        use_kernel_cache(None)
+        stage.use_kernel_cache(None)
 
 def test_the_cubin_file_cupy_loads_is_the_directory_caches_own_or_a_copy_for_redis(
         tmp_path: Path, redis_srv: Any, redis_db: Any) -> None:
@@ -288,18 +287,36 @@ def test_the_cubin_file_cupy_loads_is_the_directory_caches_own_or_a_copy_for_red
     assert copy.read_bytes() == entry.cubin and entry.key in copy.name
 
 
-def test_programs_load_through_the_kernel_cache_that_farm_kernel_cache_names(
+def test_space_variants_load_through_the_kernel_cache_that_farm_kernel_cache_names(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from farm_kernels.cuda import kernel_cache, use_kernel_cache
-
     monkeypatch.delenv("FARM_KERNEL_CACHE", raising=False)
-    assert kernel_cache() is None  # CuPy compiles the source itself, as before
+    assert stage.kernel_cache() is None  # CuPy compiles the source itself, as before
     monkeypatch.setenv("FARM_KERNEL_CACHE", str(tmp_path))
-    found = kernel_cache()
+    found = stage.kernel_cache()
     assert isinstance(found, kcache.DirectoryCache) and found.root == tmp_path
     explicit = kcache.DirectoryCache(tmp_path / "other")
-    use_kernel_cache(explicit)
+    stage.use_kernel_cache(explicit)
     try:
-        assert kernel_cache() is explicit
+        assert stage.kernel_cache() is explicit
     finally:
-        use_kernel_cache(None)
+        stage.use_kernel_cache(None)
+    assert matmul.gemm_space().variant({"tile": 16, "coarsen": 4}).loader is stage.load_module
+    assert matmul.PROGRAM.loader is None  # the fixed candidates compile through CuPy
+
+
+def test_a_variant_loads_the_cached_cubin_by_path_and_records_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy's side stood in for (the real load runs under -m gpu): what load_module hands RawModule."""
+    loaded: list[dict[str, Any]] = []
+    device = SimpleNamespace(id=0, compute_capability="90")
+    cupy = SimpleNamespace(RawModule=lambda **kw: loaded.append(kw) or "module",
+                           cuda=SimpleNamespace(Device=lambda: device))
+    cache = kcache.DirectoryCache(tmp_path)
+    monkeypatch.setenv("FARM_KERNEL_CACHE", str(tmp_path))
+    program = matmul.gemm_space().variant({"tile": 16, "coarsen": 4})
+    assert stage.load_module(program, cupy) == "module"
+    key = stage.program_job(program, ARCH).key
+    assert loaded == [{"path": str(cache.cubin_path(key))}] and program.cubin_keys == {0: key}
+    pruned = matmul.gemm_space().variant({"tile": 128, "coarsen": 16})
+    with pytest.raises(TuneFailure, match="uses too much shared data"):
+        stage.load_module(pruned, cupy)
+    assert len(loaded) == 1

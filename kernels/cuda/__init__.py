@@ -2,9 +2,9 @@
 
 A :class:`CudaProgram` is one ``.cu`` file with ``common.cu`` prepended, plus the NVRTC options it is compiled
 with. Nothing here imports CuPy until a kernel is launched: the first launch on a device compiles the program
-with ``cupy.RawModule`` and keeps the module for that device; with a kernel cache configured
-(:func:`use_kernel_cache`, ``$FARM_KERNEL_CACHE``) it loads the cubin the compile stage stored instead
-(:mod:`farm_kernels.cuda.compile`), and no NVRTC runs on the trial path. A candidate's code identity
+with ``cupy.RawModule`` and keeps the module for that device. A program with a ``loader`` (the variants of a
+CUDA space, :mod:`farm_kernels.cuda.spaces`) loads through it instead: the cubin the compile stage stored in the
+kernel cache, so no NVRTC runs on the trial path (:mod:`farm_kernels.cuda.compile`). A candidate's code identity
 (:meth:`CudaProgram.identity`) is the program text, the options, the kernel name and the launch configuration,
 so changing any of them changes the tunable set's checksum.
 
@@ -15,9 +15,8 @@ for host arrays. That lets the tests drive every CUDA candidate's Python side wi
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,10 @@ def source_text(filename: str) -> str:
 class CudaProgram:
     """One compilation unit: ``common.cu`` + ``filename`` (or an explicit ``text``), compiled with ``options``."""
 
-    def __init__(self, filename: str, options: Sequence[str] = DEFAULT_OPTIONS, text: str | None = None) -> None:
+    def __init__(self, filename: str, options: Sequence[str] = DEFAULT_OPTIONS, text: str | None = None,
+                 loader: Callable[[CudaProgram, Any], Any] | None = None) -> None:
         self.filename = filename
+        self.loader = loader
         self.options = tuple(options)
         self.text = text if text is not None else f"{source_text(COMMON)}\n{source_text(filename)}"
         self.kernels: dict[str, CudaKernel] = {}
@@ -87,17 +88,11 @@ class CudaProgram:
         return found
 
     def _load(self, cupy: Any) -> Any:
-        """The program's module on the current device: the kernel cache's cubin when one is configured (no NVRTC
-        on the trial path once the compile stage ran), else CuPy compiles the source itself."""
-        cache = kernel_cache()
-        if cache is None:
-            return cupy.RawModule(code=self.text, options=self.options)
-        from farm_kernels.cuda.compile import cubin_file, load_cubin
-
-        device = cupy.cuda.Device()
-        entry = load_cubin(self, f"sm_{device.compute_capability}", cache)
-        self.cubin_keys[device.id] = entry.key
-        return cupy.RawModule(path=str(cubin_file(entry, cache)))  # CuPy loads a cubin from a path
+        """The program's module on the current device: through ``loader`` when the program has one (a space's
+        variant: the kernel cache's cubin, farm_kernels.cuda.compile.load_module), else CuPy compiles the source."""
+        if self.loader is not None:
+            return self.loader(self, cupy)
+        return cupy.RawModule(code=self.text, options=self.options)
 
     def __repr__(self) -> str:
         return f"CudaProgram({self.filename!r}, options={self.options!r})"
@@ -133,27 +128,6 @@ class CudaKernel:
 
     def __repr__(self) -> str:
         return f"CudaKernel({self.program.filename}:{self.base})"
-
-
-_kernel_cache: list[Any] = []  # the cache use_kernel_cache set (one item), else none
-
-
-def use_kernel_cache(cache: Any) -> None:
-    """Load every program's cubin through ``cache`` (a farm_kernels.cuda.kcache.KernelCache; None: back to
-    ``$FARM_KERNEL_CACHE`` or CuPy's own compile)."""
-    _kernel_cache[:] = [] if cache is None else [cache]
-
-
-def kernel_cache() -> Any:
-    """The kernel cache programs load from: :func:`use_kernel_cache`'s, else ``$FARM_KERNEL_CACHE`` (a directory
-    or a ``redis://`` URL), else None (CuPy compiles on first launch)."""
-    if _kernel_cache:
-        return _kernel_cache[0]
-    if not os.environ.get("FARM_KERNEL_CACHE"):
-        return None
-    from farm_kernels.cuda.kcache import open_cache
-
-    return open_cache()
 
 
 MAX_GRID = (2**31 - 1, 65535, 65535)

@@ -25,16 +25,39 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from farm.atomicfile import write_atomic
 from farm.errors import ConfigError, NvrtcError, TuneFailure
 from farm.tunable import TunableSet
 from farm_kernels.cuda import CudaProgram, cubin, nvrtc
-from farm_kernels.cuda.kcache import DirectoryCache, KernelCache, KernelEntry, kernel_key
-from farm_kernels.cuda.spaces import kernel_space_of
+from farm_kernels.cuda.kcache import (
+    CACHE_ENV,
+    DirectoryCache,
+    KernelCache,
+    KernelEntry,
+    kernel_key,
+    open_cache,
+)
 
 VERBOSE = ("--ptxas-options=-v",)  # only adds ptxas' report to the log; not part of the key
+ATTRIBUTE = "kernel_space"  # a space function's attribute naming what it launches (farm_kernels.cuda.spaces)
+
+
+class CompilableSpace(Protocol):
+    """What the compile stage needs of a kernel space (farm_kernels.cuda.spaces.KernelSpace is one)."""
+
+    def variant(self, config: dict[str, Any]) -> CudaProgram: ...
+
+    def launch(self, config: dict[str, Any]) -> Any: ...  # .block, .shared_mem
+
+    def entry_names(self, config: dict[str, Any]) -> tuple[str, ...]: ...
+
+
+def compilable(fn: Any) -> CompilableSpace | None:
+    """The kernel space a space function launches (its ``kernel_space`` attribute), None for any other."""
+    found = getattr(fn, ATTRIBUTE, None)
+    return found if found is not None and all(hasattr(found, m) for m in ("variant", "launch", "entry_names")) else None
 
 
 @dataclass(frozen=True)
@@ -93,7 +116,7 @@ def jobs_for(sets: Iterable[TunableSet], arch: str) -> list[CompileJob]:
     jobs = []
     for ts in sets:
         for space in ts.spaces:
-            ks = kernel_space_of(space.fn)
+            ks = compilable(space.fn)
             if ks is None:
                 continue
             for rank in space.feasible_ranks():
@@ -244,3 +267,32 @@ def cubin_file(entry: KernelEntry, cache: KernelCache) -> Path:
     if not path.is_file():
         write_atomic(path, entry.cubin)
     return path
+
+
+_kernel_cache: list[KernelCache] = []  # the cache use_kernel_cache set (one item), else none
+
+
+def use_kernel_cache(cache: KernelCache | None) -> None:
+    """Load space variants' cubins through ``cache`` (None: back to ``$FARM_KERNEL_CACHE``, else CuPy compiles)."""
+    _kernel_cache[:] = [] if cache is None else [cache]
+
+
+def kernel_cache() -> KernelCache | None:
+    """The kernel cache variants load from: :func:`use_kernel_cache`'s, else ``$FARM_KERNEL_CACHE`` (a directory or
+    a ``redis://`` URL), else None (CuPy compiles the variant's source at first launch)."""
+    if _kernel_cache:
+        return _kernel_cache[0]
+    return open_cache() if os.environ.get(CACHE_ENV) else None
+
+
+def load_module(program: CudaProgram, cupy: Any) -> Any:
+    """A space variant's ``CudaProgram.loader``: its cubin from the kernel cache (compiled once on a miss; REJECTED
+    for an infeasible or failed verdict) as a ``cupy.RawModule``, recording the key in ``program.cubin_keys``;
+    without a kernel cache, CuPy's own compile of the source."""
+    cache = kernel_cache()
+    if cache is None:
+        return cupy.RawModule(code=program.text, options=program.options)
+    device = cupy.cuda.Device()
+    entry = load_cubin(program, f"sm_{device.compute_capability}", cache)
+    program.cubin_keys[device.id] = entry.key
+    return cupy.RawModule(path=str(cubin_file(entry, cache)))  # CuPy loads a cubin from a path

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from farm.identity import fields
 from farm_kernels.cuda import CudaKernel, CudaProgram
+from farm_kernels.cuda.compile import ATTRIBUTE, load_module
 
 Config = Mapping[str, Any]
 F = TypeVar("F", bound=Callable[..., Any])
-ATTRIBUTE = "kernel_space"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,8 @@ class KernelSpace:
         with self._lock:
             found = self._variants.get(options)
             if found is None:
-                found = self._variants[options] = CudaProgram(self.program.filename, options, text=self.program.text)
+                found = self._variants[options] = CudaProgram(self.program.filename, options, text=self.program.text,
+                                                              loader=load_module)
             return found
 
     def kernel(self, config: Config) -> CudaKernel:
