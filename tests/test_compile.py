@@ -119,6 +119,16 @@ def test_a_config_whose_registers_exceed_the_block_register_file_is_infeasible_w
     assert f"{registers} registers x 1024 threads" in entry.reason and "> 65536" in entry.reason
 
 
+def test_spill_stores_are_read_per_entry_point_from_ptxas_report() -> None:
+    log = ("ptxas info    : Function properties for k_f16\n"
+           "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n"
+           "ptxas info    : Function properties for k_f32\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    assert stage.spill_stores(log) == {"k_f16": 8, "k_f32": 0}
+    entry = stage.compile_job(gemm_job(32, 4))
+    assert entry.resources["gemm_space_f32"]["spill_stores"] == 0
+
+
 def test_a_launch_whose_dynamic_shared_memory_exceeds_the_architecture_is_infeasible() -> None:
     entry = stage.compile_job(gemm_job(16, 1, shared_mem=300 * 1024))
     assert entry.status == "infeasible"

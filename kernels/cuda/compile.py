@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -41,6 +42,7 @@ from farm_kernels.cuda.kcache import (
 )
 
 VERBOSE = ("--ptxas-options=-v",)  # only adds ptxas' report to the log; not part of the key
+MAX_LOCAL = 512 * 1024  # local memory (stack frame) per thread, every architecture since sm_20
 ATTRIBUTE = "kernel_space"  # a space function's attribute naming what it launches (farm_kernels.cuda.spaces)
 
 
@@ -143,15 +145,35 @@ def compile_job(job: CompileJob) -> KernelEntry:
         return KernelEntry(job.key, "failed", f"failed: {e}", seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
     limits = cubin.LIMITS.get(job.arch, cubin.ArchLimits(job.arch))
-    resources = {name: {"registers": r.registers, "shared": r.shared, "frame": r.frame, "max_threads": r.max_threads}
+    spills = spill_stores(done.log)
+    resources = {name: {"registers": r.registers, "shared": r.shared, "frame": r.frame, "max_threads": r.max_threads,
+                        "spill_stores": spills.get(name, 0)}
                  for name, r in found.items() if not job.entries or name in job.entries}
     problems = [f"{name}: entry point missing from the cubin" for name in job.entries if name not in found]
     for name in job.entries:
         if name in found:
             problems += [f"{name}: {p}" for p in cubin.launch_problems(found[name], job.block, job.shared_mem, limits)]
+            if found[name].frame > MAX_LOCAL:
+                problems.append(f"{name}: {found[name].frame} bytes stack frame > {MAX_LOCAL} local memory per thread")
     if problems:
         return KernelEntry(job.key, "infeasible", "infeasible: " + "; ".join(problems), resources, seconds=seconds)
     return KernelEntry(job.key, "compiled", "", resources, done.cubin, seconds)
+
+
+def spill_stores(log: str) -> dict[str, int]:
+    """Entry point -> bytes of register spill stores, from ptxas' ``-v`` report in NVRTC's log (a kernel that
+    spills runs, slower: recorded with its resources, not pruned)."""
+    found, current = {}, None
+    for line in log.splitlines():
+        named = re.search(r"Function properties for (\w+)", line)
+        if named:
+            current = named.group(1)
+            continue
+        spilled = re.search(r"(\d+) bytes spill stores", line)
+        if spilled and current is not None:
+            found[current] = int(spilled.group(1))
+            current = None
+    return found
 
 
 def _compile_json(data: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
