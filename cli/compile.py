@@ -22,12 +22,15 @@ KERNELS_HELP = "Import operations from this module (repeatable), as for farm tun
 @click.option("--broker", envvar="FARM_BROKER_URL", help="With --redis: compile on the fleet's compile queue "
               "(farm worker --compile) instead of this machine.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Fleet compile: seconds to wait.")
+@click.option("--export", "export_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the catalog's kernels (cubins and verdicts) to this Parquet file for another site.")
 @click.option("--processes", type=click.IntRange(min=1), help="Compile processes (default: the CPU cores).")
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"configs", "compiled", "cached", "infeasible", "failed", "seconds"} as JSON.')
 def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url: str | None, broker: str | None,
-                    timeout: float, processes: int | None, kernels: tuple[str, ...], as_json: bool) -> None:
+                    timeout: float, export_path: Path | None, processes: int | None, kernels: tuple[str, ...],
+                    as_json: bool) -> None:
     """Compile every config of CATALOG's CUDA spaces for ARCH with NVRTC on this machine's cores, prune those
     that exceed the architecture's resources, and store cubins and verdicts in the kernel cache."""
     from farm_coordinator.catalog import load_catalog
@@ -54,6 +57,10 @@ def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url:
                                        timeout, cache)
         else:
             summary = ensure_compiled(sets, arch, cache, processes or len(os.sched_getaffinity(0)))
+        if export_path is not None:
+            from farm_kernels.cuda.karchive import export_kernels
+
+            export_kernels(cache, summary.keys, export_path)
         if as_json:
             click.echo(json.dumps(summary.to_json()))
             return

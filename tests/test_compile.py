@@ -20,7 +20,7 @@ from farm.errors import ConfigError, FailureKind, TuneFailure
 from farm.tunable import TunableSet
 from farm_cli import main
 from farm_kernels import matmul, transpose
-from farm_kernels.cuda import CudaProgram, cubin, kcache
+from farm_kernels.cuda import CudaProgram, cubin, karchive, kcache
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda.spaces import kernel_space_of
 
@@ -240,6 +240,32 @@ def test_farm_compile_prints_the_summary_as_json_and_a_second_run_compiles_nothi
     assert (counts["cached"], counts["infeasible"], counts["failed"]) == (0, 1, 0)
     second = json.loads(CliRunner().invoke(main, args).output)
     assert (second["compiled"], second["cached"], second["infeasible"]) == (0, counts["configs"], 1)
+    # Another site: the exported kernels fill its empty cache, and its compile compiles nothing.
+    exported = CliRunner().invoke(main, [*args, "--export", str(tmp_path / "kernels.parquet")])
+    assert exported.exit_code == 0, exported.output
+    site = kcache.DirectoryCache(tmp_path / "site")
+    assert karchive.import_kernels(tmp_path / "kernels.parquet", site) == counts["configs"]
+    there = stage.ensure_compiled([matmul.cuda_tunable()], ARCH, site)
+    assert (there.compiled, there.cached, there.infeasible) == (0, counts["configs"], 1)
+
+
+def test_a_kernel_archive_with_a_bad_row_stores_nothing_and_names_the_row(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    cache = kcache.DirectoryCache(tmp_path / "a")
+    entries = [stage.compile_job(gemm_job(16, c)) for c in (2, 4)]
+    for entry in entries:
+        cache.put(entry)
+    path = tmp_path / "k.parquet"
+    assert karchive.export_kernels(cache, [e.key for e in entries], path) == 2
+    table = pq.read_table(path)
+    statuses = table.column("status").to_pylist()
+    statuses[1] = "maybe"
+    pq.write_table(table.set_column(1, "status", [statuses]).replace_schema_metadata(table.schema.metadata), path)
+    empty = kcache.DirectoryCache(tmp_path / "b")
+    with pytest.raises(ConfigError, match="row 1.*status"):
+        karchive.import_kernels(path, empty)
+    assert empty.get(entries[0].key) is None
 
 
 def test_farm_compile_refuses_an_architecture_nvrtc_cannot_target(tmp_path: Path) -> None:

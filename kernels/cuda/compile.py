@@ -195,6 +195,7 @@ class CompileSummary:
     seconds: float = 0.0
     compile_seconds: float = 0.0  # NVRTC time of the fresh compiles (CPU time a GPU worker no longer spends)
     verdicts: dict[str, tuple[str, str]] = field(default_factory=dict)
+    keys: list[str] = field(default_factory=list)  # the kernel cache keys of the jobs (each once)
 
     def to_json(self) -> dict[str, Any]:
         """``farm compile --json``: exactly configs, compiled, cached, infeasible, failed, seconds."""
@@ -244,7 +245,7 @@ def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int =
 def tally(jobs: Sequence[CompileJob], entries: dict[str, KernelEntry], fresh: set[str]) -> CompileSummary:
     """The summary of ``jobs`` given every job's entry; ``fresh`` are the keys compiled in this run (a second
     config with a key already compiled counts as cached)."""
-    summary = CompileSummary(configs=len(jobs))
+    summary = CompileSummary(configs=len(jobs), keys=list(dict.fromkeys(job.key for job in jobs)))
     counted: set[str] = set()
     for job in jobs:
         entry = entries[job.key]
