@@ -19,7 +19,7 @@ from farm.arrays import array_signature
 from farm.errors import ConfigError, FailureKind, TuneFailure
 from farm.tunable import TunableSet
 from farm_cli import main
-from farm_kernels import matmul, transpose
+from farm_kernels import matmul, reduce_sum, softmax, transpose
 from farm_kernels.cuda import CudaProgram, cubin, karchive, kcache
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda.spaces import kernel_space_of
@@ -95,6 +95,26 @@ def test_the_transpose_tiles_space_launches_a_tile_by_rows_block_over_the_whole_
     assert {"-DTRANSPOSE_TILE=32", "-DTRANSPOSE_ROWS=8", "-DTRANSPOSE_PAD=1"} <= set(options)
     assert block == (32, 8, 1) and grid == (2, 3, 1)
     assert all(c["tile"] % c["rows"] == 0 for c in map(space.config, space.feasible_ranks()))
+
+
+@pytest.mark.parametrize(("module", "inputs", "entry", "grid"), [
+    (softmax, (np.ones((70, 33), np.float32),), "softmax_space_f32", (70, 1, 1)),
+    (reduce_sum, (np.ones((70, 33), np.float16), 1), "reduce_space_f16", (70, 1, 1)),
+])
+def test_the_block_per_row_spaces_launch_one_block_of_threads_per_row(
+        module: Any, inputs: tuple[Any, ...], entry: str, grid: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[tuple[str, tuple[str, ...], Any, Any]] = []
+
+    def function(self: CudaProgram, name: str) -> Any:
+        return lambda grid, block, args, shared_mem=0: launched.append((name, self.options, grid, block))
+
+    monkeypatch.setattr(CudaProgram, "function", function)
+    (space,) = module.cuda_tunable().spaces
+    assert [space.config(r)["threads"] for r in space.feasible_ranks()] == [32, 64, 128, 256, 512, 1024]
+    space.fn(*inputs, threads=256)
+    ((name, options, got_grid, block),) = launched
+    assert name == entry and block == (256, 1, 1) and got_grid == grid
+    assert any(o.endswith("_BS=256") for o in options)
 
 
 def test_the_variants_cubin_holds_only_the_space_entry_points_with_the_configs_resources() -> None:
@@ -279,22 +299,28 @@ def test_farm_compile_refuses_an_architecture_nvrtc_cannot_target(tmp_path: Path
 # -- on a device ----------------------------------------------------------------------------------------------
 
 
+GPU_SPECS = {"matmul": dict(m=100, n=90, k=70), "transpose": dict(rows=100, cols=70), "softmax": dict(rows=100, cols=70),
+             "reduce_sum": dict(rows=100, cols=70, axis=1)}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("operation", ["matmul", "transpose"])
+@pytest.mark.parametrize("operation", sorted(GPU_SPECS))
 def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_reference(operation: str, tmp_path: Path) -> None:
     import cupy
 
+    from farm_kernels import registry
+
     arch = f"sm_{cupy.cuda.Device().compute_capability}"
     cache = kcache.DirectoryCache(tmp_path)
-    module = {"matmul": matmul, "transpose": transpose}[operation]
-    ts = module.cuda_tunable()
+    op = registry.get(operation)
+    ts = op.cuda
     summary = stage.ensure_compiled([ts], arch, cache)
     (space,) = ts.spaces
     ks = kernel_space_of(space.fn)
     assert ks is not None
-    a = cupy.random.uniform(-1, 1, (100, 70)).astype(cupy.float32)
-    inputs = (a, cupy.random.uniform(-1, 1, (70, 90)).astype(cupy.float32)) if operation == "matmul" else (a,)
-    expected = inputs[0] @ inputs[1] if operation == "matmul" else cupy.ascontiguousarray(a.T)
+    inputs = tuple(op.make(op.normalize(dict(GPU_SPECS[operation], dtype="float32"), devices="cuda"), cupy,
+                           np.random.default_rng(0)))
+    expected = ts[ts.stack_reference()].fn(*inputs)
     stage.use_kernel_cache(cache)
     try:
         ran = 0
@@ -303,11 +329,11 @@ def test_on_the_device_each_space_config_runs_the_cached_cubin_and_matches_the_r
             if summary.verdicts[f"{ts.name} {space.config_name(config)}"][0] != "compiled":
                 continue
             out = space.fn(*inputs, **config)
-            assert cupy.allclose(out, expected, atol=1e-3), config
+            assert cupy.allclose(out, expected, atol=1e-3, rtol=1e-3), config
             variant = ks.variant(config)
             assert variant.cubin_keys[cupy.cuda.Device().id] == stage.program_job(variant, arch).key
             ran += 1
-        assert ran == summary.configs - summary.infeasible - summary.failed
+        assert ran == summary.configs - summary.infeasible - summary.failed > 0
     finally:
         stage.use_kernel_cache(None)
 

@@ -77,6 +77,16 @@ class KernelSpace:
         return fields([self.program.filename, self.program.text, " ".join(self.program.options), self.base, "defines"])
 
 
+def row_block_space(program: CudaProgram, base: str, dtypes: tuple[str, ...], define: str) -> KernelSpace:
+    """A space of one parameter, ``threads`` (one block of that many threads per row or output), passed to the
+    source as ``-D{define}=threads``."""
+    return KernelSpace(program, base, dtypes, defines=lambda c: {define: c["threads"]},
+                       launch=lambda c: Launch((c["threads"], 1, 1)))
+
+
+BLOCK_THREADS = [32, 64, 128, 256, 512, 1024]
+
+
 def attach(fn: F, space: KernelSpace) -> F:
     """Mark ``fn`` (a space's candidate function) as launching ``space``'s kernels."""
     setattr(fn, ATTRIBUTE, space)
