@@ -50,6 +50,18 @@ def gemm_job(tile: int, coarsen: int, block: tuple[int, int, int] | None = None,
                              space.entry_names(config), block or launch.block, shared_mem)
 
 
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[str, ...], Any, Any]]:
+    """Every kernel launch as (entry point, the program's options, grid, block), nothing run on a device."""
+    found: list[tuple[str, tuple[str, ...], Any, Any]] = []
+
+    def function(self: CudaProgram, name: str) -> Any:
+        return lambda grid, block, args, shared_mem=0: found.append((name, self.options, grid, block))
+
+    monkeypatch.setattr(CudaProgram, "function", function)
+    return found
+
+
 # -- the space ------------------------------------------------------------------------------------------------
 
 
@@ -64,13 +76,7 @@ def test_the_cuda_matmul_set_declares_the_gemm_space_with_the_kernels_requiremen
     assert all(c["tile"] % c["coarsen"] == 0 and c["tile"] ** 2 // c["coarsen"] <= 1024 for c in feasible)
 
 
-def test_a_space_config_launches_its_own_variant_with_the_block_its_defines_expect(monkeypatch: pytest.MonkeyPatch) -> None:
-    launched: list[tuple[str, tuple[str, ...], Any, Any]] = []
-
-    def function(self: CudaProgram, name: str) -> Any:
-        return lambda grid, block, args, shared_mem=0: launched.append((name, self.options, grid, block))
-
-    monkeypatch.setattr(CudaProgram, "function", function)
+def test_a_space_config_launches_its_own_variant_with_the_block_its_defines_expect(launched: list[Any]) -> None:
     ts = matmul.cuda_tunable()
     a, b = np.ones((70, 33), np.float32), np.ones((33, 41), np.float32)
     ts.spaces[0].fn(a, b, tile=32, coarsen=4)
@@ -80,13 +86,7 @@ def test_a_space_config_launches_its_own_variant_with_the_block_its_defines_expe
     assert block == (32, 8, 1) and grid == (2, 3, 1)
 
 
-def test_the_transpose_tiles_space_launches_a_tile_by_rows_block_over_the_whole_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
-    launched: list[tuple[str, tuple[str, ...], Any, Any]] = []
-
-    def function(self: CudaProgram, name: str) -> Any:
-        return lambda grid, block, args, shared_mem=0: launched.append((name, self.options, grid, block))
-
-    monkeypatch.setattr(CudaProgram, "function", function)
+def test_the_transpose_tiles_space_launches_a_tile_by_rows_block_over_the_whole_matrix(launched: list[Any]) -> None:
     (space,) = transpose.cuda_tunable().spaces
     assert kernel_space_of(space.fn) is not None
     out = space.fn(np.ones((70, 33), np.float64), tile=32, rows=8, pad=1)
@@ -102,13 +102,7 @@ def test_the_transpose_tiles_space_launches_a_tile_by_rows_block_over_the_whole_
     (reduce_sum, (np.ones((70, 33), np.float16), 1), "reduce_space_f16", (70, 1, 1)),
 ])
 def test_the_block_per_row_spaces_launch_one_block_of_threads_per_row(
-        module: Any, inputs: tuple[Any, ...], entry: str, grid: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
-    launched: list[tuple[str, tuple[str, ...], Any, Any]] = []
-
-    def function(self: CudaProgram, name: str) -> Any:
-        return lambda grid, block, args, shared_mem=0: launched.append((name, self.options, grid, block))
-
-    monkeypatch.setattr(CudaProgram, "function", function)
+        module: Any, inputs: tuple[Any, ...], entry: str, grid: tuple[int, int, int], launched: list[Any]) -> None:
     (space,) = module.cuda_tunable().spaces
     assert [space.config(r)["threads"] for r in space.feasible_ranks()] == [32, 64, 128, 256, 512, 1024]
     space.fn(*inputs, threads=256)
