@@ -76,3 +76,8 @@ def test_the_compile_task_skips_what_the_cache_already_holds(redis_srv: Any, red
     jobs = [j.to_json() for j in stage.jobs_for([matmul.cuda_tunable()], ARCH)[:2]]
     assert compile_batch(jobs, cache) == 2
     assert compile_batch(jobs, cache) == 0  # a redelivered task rewrites nothing
+
+
+def test_farm_worker_needs_a_device_unless_it_serves_the_compile_queue() -> None:
+    done = CliRunner().invoke(main, ["worker", "--broker", "redis://127.0.0.1:1/0", "--redis", "redis://127.0.0.1:1/1"])
+    assert done.exit_code == 2 and "--device is required (or --compile)" in done.output
