@@ -217,7 +217,7 @@ def _abandon(parts: Parts | None, run_id: str, progress: Any, state: str) -> Non
 
 
 @main.command(epilog=ENVIRONMENT)
-@click.option("--device", required=True, help="cuda:N or cpu:N")
+@click.option("--device", help="cuda:N or cpu:N (required unless --compile)")
 @_broker(required=True)
 @_redis(required=True)
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
@@ -225,14 +225,26 @@ def _abandon(parts: Parts | None, run_id: str, progress: Any, state: str) -> Non
 @click.option("--log-json", is_flag=True, help="Log JSON lines on stderr instead of text.")
 @click.option("--cores", help="Cores this worker owns: a count (2: cpu:N takes the Nth block of 2) or a CPU list "
               "(0-3, 0,2); every thread pool is limited to them. Default: CPU N alone (cpu:N).")
-def worker(device: str, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str, log_json: bool,
-           cores: str | None) -> None:
-    """Run one worker process pinned to DEVICE."""
+@click.option("--compile", "compile_queue", is_flag=True, help="Serve the compile queue instead (NVRTC on this "
+              "machine's CPU cores, no GPU: farm compile --broker); --cores is then the process count.")
+def worker(device: str | None, broker: str, redis_url: str, kernels: tuple[str, ...], loglevel: str, log_json: bool,
+           cores: str | None, compile_queue: bool) -> None:
+    """Run one worker process pinned to DEVICE (or, with --compile, a compile worker)."""
     from farm_workers.worker import run_worker
 
     setup_logging(loglevel, log_json)
     with errors():
         _check(broker, redis_url)
+        if compile_queue:
+            import os
+
+            from farm_workers.compile import run_compile_worker
+
+            count = int(cores) if cores and cores.isdigit() else len(os.sched_getaffinity(0))
+            sys.exit(run_compile_worker(Settings.from_env(broker_url=broker, redis_url=redis_url), count,
+                                        loglevel.upper()))
+        if device is None:
+            raise click.UsageError("--device is required (or --compile)")
         check_device(device, cores)  # bad usage is reported before any server is asked
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
         sys.exit(run_worker(device, settings, kernels, loglevel.upper(), cores=cores,
@@ -358,6 +370,10 @@ main.add_command(_archive.archive)
 from farm_cli import keys as _keys  # noqa: E402  (registers `farm keys`)
 
 main.add_command(_keys.keys)
+
+from farm_cli import compile as _compile  # noqa: E402  (registers `farm compile`)
+
+main.add_command(_compile.compile_command)
 
 if __name__ == "__main__":
     main()

@@ -2,4 +2,5 @@
 
 from farm_cli.exit import run
 
-run()
+if __name__ == "__main__":  # not when a spawned process pool worker (farm compile) imports this module
+    run()

@@ -9,7 +9,9 @@ transposed product ``(B^T A^T)^T`` (hands BLAS transposed operands as C-ordered 
 copies, ``tensordot``, ``einsum`` and a space of row-panel products (panel heights
 8..512). CUDA candidates (reference
 ``cupy.matmul``, cuBLAS): tiled GEMMs with 16 x 16 and 32 x 32 tiles, and thread-coarsened GEMMs (32 x 32 tiles,
-4 outputs per thread; 64 x 64 tiles, 4 and 8 outputs per thread) from ``cuda/matmul.cu``.
+4 outputs per thread; 64 x 64 tiles, 4 and 8 outputs per thread) from ``cuda/matmul.cu``, and the ``gemm`` space
+(group 2: tile 8..128 x outputs per thread 1..16, compile-time constants of the same source through NVRTC
+defines; compiled ahead of the GPU by ``farm compile``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
+from farm_kernels.cuda.spaces import KernelSpace, attach
+from farm_kernels.cuda.spaces import Launch as SpaceLaunch
 from farm_kernels.layout import arrange, layout_of, uniform
 from farm_kernels.operation import Operation, choice, code_identity, dim  # noqa: F401  (code_identity: see row_panels)
 
@@ -168,26 +172,60 @@ def gemm(kernel: CudaKernel, launch: GemmLaunch) -> Callable[[Any, Any], Any]:
     """A CUDA candidate launching one GEMM kernel of ``cuda/matmul.cu`` with ``launch``."""
 
     def tiled_gemm(a: Any, b: Any) -> Any:
-        xp = array_module(a)
-        m, k = a.shape
-        n = b.shape[1]
-        c = xp.empty((m, n), dtype=a.dtype)
-        sa, sb, sc = element_strides(a), element_strides(b), element_strides(c)
-        args = (a, b, c, i32(m), i32(n), i32(k), i64(sa[0]), i64(sa[1]), i64(sb[0]), i64(sb[1]), i64(sc[0]), i64(sc[1]))
-        kernel.launch(a.dtype, launch.grid(m, n), launch.block, args)
-        return c
+        return _gemm_run(kernel, launch, a, b)
 
     return tiled_gemm
 
 
+def _gemm_run(kernel: CudaKernel, launch: GemmLaunch, a: Any, b: Any) -> Any:
+    xp = array_module(a)
+    m, k = a.shape
+    n = b.shape[1]
+    c = xp.empty((m, n), dtype=a.dtype)
+    sa, sb, sc = element_strides(a), element_strides(b), element_strides(c)
+    args = (a, b, c, i32(m), i32(n), i32(k), i64(sa[0]), i64(sa[1]), i64(sb[0]), i64(sb[1]), i64(sc[0]), i64(sc[1]))
+    kernel.launch(a.dtype, launch.grid(m, n), launch.block, args)
+    return c
+
+
+def gemm_space(program: CudaProgram = PROGRAM) -> KernelSpace:
+    """The GEMM space of ``cuda/matmul.cu``: ``-DGEMM_TILE=tile -DGEMM_CO=coarsen``, block tile x tile/coarsen."""
+    return KernelSpace(
+        program, "gemm_space", CUDA_DTYPES,
+        defines=lambda c: {"GEMM_TILE": c["tile"], "GEMM_CO": c["coarsen"]},
+        launch=lambda c: SpaceLaunch((c["tile"], c["tile"] // c["coarsen"], 1)),
+    )
+
+
+def gemm_space_candidate(space: KernelSpace) -> Callable[..., Any]:
+    """The space's candidate: ``fn(a, b, tile=..., coarsen=...)`` launches the config's compiled variant."""
+
+    def gemm(a: Any, b: Any, *, tile: int, coarsen: int) -> Any:
+        return _gemm_run(space.kernel({"tile": tile, "coarsen": coarsen}), GemmLaunch("gemm_space", tile, coarsen), a, b)
+
+    return attach(gemm, space)
+
+
+# Tiles from 8 to 128, 1 to 16 outputs per thread. The restrictions are what the kernel itself needs (the tile
+# rows split evenly among the threads, a block within CUDA's 1024 threads); registers and shared memory (a
+# 128 x 128 tile does not fit 48 KiB of static shared memory) are judged from the cubin by the compile stage.
+GEMM_TILES = [8, 16, 32, 64, 128]
+GEMM_COARSEN = [1, 2, 4, 8, 16]
+GEMM_SPACE_RESTRICT = ["tile % coarsen == 0", "tile * (tile // coarsen) <= 1024"]
+
+
 def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, GemmLaunch] = GEMM_LAUNCHES) -> TunableSet:
-    """The CUDA candidate set; constructible without CuPy (kernels compile on first launch)."""
+    """The CUDA candidate set; constructible without CuPy (kernels compile on first launch, or come from the
+    kernel cache the compile stage filled: farm_kernels.cuda.compile)."""
     ts = TunableSet(NAME, signature=array_signature, generate=cuda_generate, tolerance=cuda_tolerance)
     ts.add(cupy_matmul, reference=True)
     for name, launch in launches.items():
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
         group = 0 if launch.coarsen == 1 else 1
         ts.add(gemm(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    space = gemm_space(program)
+    ts.space(name="gemm", group=2, identity=space.identity(), restrict=list(GEMM_SPACE_RESTRICT),
+             tile=list(GEMM_TILES), coarsen=list(GEMM_COARSEN))(gemm_space_candidate(space))
     return ts
 
 

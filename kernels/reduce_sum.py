@@ -8,7 +8,9 @@ matrix-vector product with ones (BLAS), ``einsum``, float64 accumulation then a 
 (halving) tree, a space of chunked accumulations (partial sums
 32..4096 long), and the last element of ``cumsum``. CUDA candidates
 (reference ``cupy.sum``, accumulated in float32 for float16): block-per-output shared-memory trees with 128, 256
-and 512 threads, a block-per-output warp-shuffle reduction, warp-per-output and thread-per-output kernels.
+and 512 threads, a block-per-output warp-shuffle reduction, warp-per-output and thread-per-output kernels, and the
+``tree`` space (group 2: 32..1024 threads per block, an NVRTC define of the same source; compiled ahead of the GPU
+by ``farm compile``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
+from farm_kernels.cuda.spaces import BLOCK_THREADS, KernelSpace, attach, row_block_space
 from farm_kernels.layout import LAYOUTS, arrange, layout_of, uniform
 from farm_kernels.operation import Operation, SpecField, choice, dim
 
@@ -154,15 +157,28 @@ def reduce_kernel(kernel: CudaKernel, launch: RowLaunch) -> Callable[[Any, int],
     """A CUDA candidate launching one kernel of ``cuda/reduce_sum.cu`` with ``launch``."""
 
     def reduce(a: Any, axis: int) -> Any:
-        xp = array_module(a)
-        strides = element_strides(a)
-        n_out, length = a.shape[1 - axis], a.shape[axis]
-        y = xp.empty((n_out,), dtype=a.dtype)
-        args = (a, y, i32(n_out), i32(length), i64(strides[1 - axis]), i64(strides[axis]))
-        kernel.launch(a.dtype, launch.grid(n_out), (launch.threads, 1, 1), args)
-        return y
+        return _reduce_run(kernel, launch, a, axis)
 
     return reduce
+
+
+def _reduce_run(kernel: CudaKernel, launch: RowLaunch, a: Any, axis: int) -> Any:
+    xp = array_module(a)
+    strides = element_strides(a)
+    n_out, length = a.shape[1 - axis], a.shape[axis]
+    y = xp.empty((n_out,), dtype=a.dtype)
+    args = (a, y, i32(n_out), i32(length), i64(strides[1 - axis]), i64(strides[axis]))
+    kernel.launch(a.dtype, launch.grid(n_out), (launch.threads, 1, 1), args)
+    return y
+
+
+def tree_candidate(space: KernelSpace) -> Callable[..., Any]:
+    """The ``tree`` space's candidate: one block of ``threads`` per output, a shared-memory tree (``-DREDUCE_BS``)."""
+
+    def tree(a: Any, axis: int, *, threads: int) -> Any:
+        return _reduce_run(space.kernel({"threads": threads}), RowLaunch("reduce_space", threads, 1), a, axis)
+
+    return attach(tree, space)
 
 
 def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunch] = REDUCE_LAUNCHES) -> TunableSet:
@@ -173,6 +189,10 @@ def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunc
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
         group = 0 if launch.per_block == 1 else 1
         ts.add(reduce_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    space = row_block_space(program, "reduce_space", CUDA_DTYPES, "REDUCE_BS")
+    # The tree halves a power-of-2 block; CUDA blocks hold at most 1024 threads.
+    ts.space(name="tree", group=2, identity=space.identity(), restrict="threads in (32, 64, 128, 256, 512, 1024)",
+             threads=list(BLOCK_THREADS))(tree_candidate(space))
     return ts
 
 

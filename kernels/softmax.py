@@ -8,7 +8,9 @@ form that writes every pass into one ``out=`` buffer, the same multiplying by th
 sums through BLAS (a matrix-vector product with ones), a space of online forms that make a single pass over column chunks
 (64..2048 wide) with a running max and rescaled sum, and a space of row-chunked forms that keep a block of rows
 (16 KiB..1 MiB) in cache through all three passes. CUDA candidates (reference: the three-pass form in CuPy, in float32 for float16 inputs): warp-per-row
-(three passes and online single pass) and block-per-row kernels with 128, 256 and 512 threads.
+(three passes and online single pass) and block-per-row kernels with 128, 256 and 512 threads, and the ``block``
+space (group 2: 32..1024 threads per row, an NVRTC define of the same source; compiled ahead of the GPU by
+``farm compile``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
+from farm_kernels.cuda.spaces import BLOCK_THREADS, KernelSpace, attach, row_block_space
 from farm_kernels.layout import LAYOUTS, arrange, layout_of, normal
 from farm_kernels.operation import Operation, choice, dim
 
@@ -152,14 +155,27 @@ def softmax_kernel(kernel: CudaKernel, launch: RowLaunch) -> Callable[[Any], Any
     """A CUDA candidate launching one kernel of ``cuda/softmax.cu`` with ``launch``."""
 
     def row_softmax(x: Any) -> Any:
-        xp = array_module(x)
-        rows, cols = x.shape
-        y = xp.empty((rows, cols), dtype=x.dtype)
-        sr, sc = element_strides(x)
-        kernel.launch(x.dtype, launch.grid(rows), (launch.threads, 1, 1), (x, y, i32(rows), i32(cols), i64(sr), i64(sc)))
-        return y
+        return _softmax_run(kernel, launch, x)
 
     return row_softmax
+
+
+def _softmax_run(kernel: CudaKernel, launch: RowLaunch, x: Any) -> Any:
+    xp = array_module(x)
+    rows, cols = x.shape
+    y = xp.empty((rows, cols), dtype=x.dtype)
+    sr, sc = element_strides(x)
+    kernel.launch(x.dtype, launch.grid(rows), (launch.threads, 1, 1), (x, y, i32(rows), i32(cols), i64(sr), i64(sc)))
+    return y
+
+
+def block_candidate(space: KernelSpace) -> Callable[..., Any]:
+    """The ``block`` space's candidate: one block of ``threads`` per row (``-DSOFTMAX_BS``)."""
+
+    def block(x: Any, *, threads: int) -> Any:
+        return _softmax_run(space.kernel({"threads": threads}), RowLaunch("softmax_space", threads, 1), x)
+
+    return attach(block, space)
 
 
 def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunch] = SOFTMAX_LAUNCHES) -> TunableSet:
@@ -170,6 +186,10 @@ def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, RowLaunc
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
         group = 0 if launch.per_block > 1 else 1
         ts.add(softmax_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    space = row_block_space(program, "softmax_space", CUDA_DTYPES, "SOFTMAX_BS")
+    # The block-wide reductions combine whole warps; CUDA blocks hold at most 1024 threads.
+    ts.space(name="block", group=2, identity=space.identity(), restrict="threads % 32 == 0 and threads <= 1024",
+             threads=list(BLOCK_THREADS))(block_candidate(space))
     return ts
 
 

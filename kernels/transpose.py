@@ -8,7 +8,8 @@ Host candidates (reference ``numpy.ascontiguousarray(a.T)``): ``a.T.copy()``, an
 a space of tile-by-tile copies (rows x cols tiles, each of 16..128), and a space of row-block
 copies (4..256 rows of ``a`` at a time, written as columns of the result) that keep the source block in cache. CUDA candidates (reference
 ``cupy.ascontiguousarray(a.T)``): a naive one-thread-per-element kernel and shared-memory tiled kernels (16, 32 and
-64 tiles padded against bank conflicts, and an unpadded 32 tile).
+64 tiles padded against bank conflicts, and an unpadded 32 tile), and the ``tiles`` space (group 2: tile side 16..64 x
+block rows 4..32 x padding, NVRTC defines of the same source; compiled ahead of the GPU by ``farm compile``).
 
 Exact: every candidate must reproduce the reference bit for bit.
 """
@@ -34,6 +35,8 @@ from farm_kernels.cuda import (
     i32,
     i64,
 )
+from farm_kernels.cuda.spaces import KernelSpace, attach
+from farm_kernels.cuda.spaces import Launch as SpaceLaunch
 from farm_kernels.layout import arrange, layout_of, uniform
 from farm_kernels.operation import Operation, choice, dim
 
@@ -138,14 +141,44 @@ def transpose_kernel(kernel: CudaKernel, launch: TransposeLaunch) -> Callable[[A
     """A CUDA candidate launching one kernel of ``cuda/transpose.cu`` with ``launch``."""
 
     def transpose(a: Any) -> Any:
-        xp = array_module(a)
-        rows, cols = a.shape
-        out = xp.empty((cols, rows), dtype=a.dtype)
-        s0, s1 = element_strides(a)
-        kernel.launch(a.dtype, launch.grid(rows, cols), launch.block, (a, out, i32(rows), i32(cols), i64(s0), i64(s1)))
-        return out
+        return _transpose_run(kernel, launch, a)
 
     return transpose
+
+
+def _transpose_run(kernel: CudaKernel, launch: TransposeLaunch, a: Any) -> Any:
+    xp = array_module(a)
+    rows, cols = a.shape
+    out = xp.empty((cols, rows), dtype=a.dtype)
+    s0, s1 = element_strides(a)
+    kernel.launch(a.dtype, launch.grid(rows, cols), launch.block, (a, out, i32(rows), i32(cols), i64(s0), i64(s1)))
+    return out
+
+
+def tiles_space(program: CudaProgram = PROGRAM) -> KernelSpace:
+    """The tiled transpose of ``cuda/transpose.cu`` as a space: ``-DTRANSPOSE_TILE``, ``_ROWS``, ``_PAD``."""
+    return KernelSpace(
+        program, "transpose_space", CUDA_DTYPES,
+        defines=lambda c: {"TRANSPOSE_TILE": c["tile"], "TRANSPOSE_ROWS": c["rows"], "TRANSPOSE_PAD": c["pad"]},
+        launch=lambda c: SpaceLaunch((c["tile"], c["rows"], 1)),
+    )
+
+
+def tiles_candidate(space: KernelSpace) -> Callable[..., Any]:
+    """The space's candidate: ``fn(a, tile=..., rows=..., pad=...)`` launches the config's compiled variant."""
+
+    def tiles(a: Any, *, tile: int, rows: int, pad: int) -> Any:
+        config = {"tile": tile, "rows": rows, "pad": pad}
+        return _transpose_run(space.kernel(config), TransposeLaunch("transpose_space", tile, rows, tile, tile), a)
+
+    return attach(tiles, space)
+
+
+# Tile side x block rows (each thread copies tile / rows elements of a column) x padding against bank conflicts.
+# 24 configs: with the reference and the plain candidates the set stays within the planner's max_candidates.
+TILE_SIDES = [16, 32, 64]
+TILE_ROWS = [4, 8, 16, 32]
+TILE_RESTRICT = ["tile % rows == 0", "tile * rows <= 1024"]
 
 
 def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, TransposeLaunch] = TRANSPOSE_LAUNCHES) -> TunableSet:
@@ -156,6 +189,9 @@ def cuda_tunable(program: CudaProgram = PROGRAM, launches: Mapping[str, Transpos
         kernel = program.kernel(launch.kernel, CUDA_DTYPES)
         group = 0 if name in ("naive", "tiled_32_padded") else 1
         ts.add(transpose_kernel(kernel, launch), name=name, group=group, identity=program.identity(kernel, launch))
+    space = tiles_space(program)
+    ts.space(name="tiles", group=2, identity=space.identity(), restrict=list(TILE_RESTRICT),
+             tile=list(TILE_SIDES), rows=list(TILE_ROWS), pad=[0, 1])(tiles_candidate(space))
     return ts
 
 

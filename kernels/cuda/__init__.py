@@ -2,7 +2,9 @@
 
 A :class:`CudaProgram` is one ``.cu`` file with ``common.cu`` prepended, plus the NVRTC options it is compiled
 with. Nothing here imports CuPy until a kernel is launched: the first launch on a device compiles the program
-with ``cupy.RawModule`` and keeps the module for that device. A candidate's code identity
+with ``cupy.RawModule`` and keeps the module for that device. A program with a ``loader`` (the variants of a
+CUDA space, :mod:`farm_kernels.cuda.spaces`) loads through it instead: the cubin the compile stage stored in the
+kernel cache, so no NVRTC runs on the trial path (:mod:`farm_kernels.cuda.compile`). A candidate's code identity
 (:meth:`CudaProgram.identity`) is the program text, the options, the kernel name and the launch configuration,
 so changing any of them changes the tunable set's checksum.
 
@@ -14,7 +16,7 @@ for host arrays. That lets the tests drive every CUDA candidate's Python side wi
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,17 @@ def source_text(filename: str) -> str:
 class CudaProgram:
     """One compilation unit: ``common.cu`` + ``filename`` (or an explicit ``text``), compiled with ``options``."""
 
-    def __init__(self, filename: str, options: Sequence[str] = DEFAULT_OPTIONS, text: str | None = None) -> None:
+    def __init__(self, filename: str, options: Sequence[str] = DEFAULT_OPTIONS, text: str | None = None,
+                 loader: Callable[[CudaProgram, Any], Any] | None = None) -> None:
         self.filename = filename
+        self.loader = loader
         self.options = tuple(options)
         self.text = text if text is not None else f"{source_text(COMMON)}\n{source_text(filename)}"
         self.kernels: dict[str, CudaKernel] = {}
         self._modules: dict[int, Any] = {}
         self._functions: dict[tuple[int, str], Any] = {}
         self._lock = threading.Lock()
+        self.cubin_keys: dict[int, str] = {}  # device id -> the kernel cache key of the cubin loaded there
 
     def kernel(self, base: str, dtypes: Sequence[str]) -> CudaKernel:
         """The kernel family ``base`` with one ``extern "C"`` entry per dtype: ``{base}_{f16|f32|f64}``."""
@@ -76,11 +81,18 @@ class CudaProgram:
                 try:
                     module = self._modules.get(key[0])
                     if module is None:
-                        module = self._modules[key[0]] = cupy.RawModule(code=self.text, options=self.options)
+                        module = self._modules[key[0]] = self._load(cupy)
                     found = self._functions[key] = module.get_function(name)
                 except Exception as e:
                     raise TuneFailure.rejected(f"{self.filename}: cannot load {name} (options {self.options}): {e}") from e
         return found
+
+    def _load(self, cupy: Any) -> Any:
+        """The program's module on the current device: through ``loader`` when the program has one (a space's
+        variant: the kernel cache's cubin, farm_kernels.cuda.compile.load_module), else CuPy compiles the source."""
+        if self.loader is not None:
+            return self.loader(self, cupy)
+        return cupy.RawModule(code=self.text, options=self.options)
 
     def __repr__(self) -> str:
         return f"CudaProgram({self.filename!r}, options={self.options!r})"

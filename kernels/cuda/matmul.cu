@@ -82,8 +82,19 @@ __device__ __forceinline__ void gemm_coarse(GEMM_PARAMS(T)) {
         gemm_coarse<half_t, TILE, CO>(GEMM_ARGS);                                                          \
     }
 
+#ifndef GEMM_TILE  // a space variant compiles only its own entry points
 TILED(gemm_tiled16, 16)
 TILED(gemm_tiled32, 32)
 COARSE(gemm_coarse32x4, 32, 4)
 COARSE(gemm_coarse64x4, 64, 4)
 COARSE(gemm_coarse64x8, 64, 8)
+#endif
+
+// The GEMM space: one entry point pair, its tile and outputs per thread fixed at compile time by NVRTC defines
+// (-DGEMM_TILE=T -DGEMM_CO=C; block T x (T / C)). Without the defines (the fixed candidates above) it is absent.
+// No __launch_bounds__: the compiler allocates registers freely, and the compile stage prunes a config whose
+// registers x threads exceed the block's register file (kernels/cuda/compile.py), not a hand-written restriction.
+#ifdef GEMM_TILE
+extern "C" __global__ void gemm_space_f32(GEMM_PARAMS(float)) { gemm_coarse<float, GEMM_TILE, GEMM_CO>(GEMM_ARGS); }
+extern "C" __global__ void gemm_space_f16(GEMM_PARAMS(half_t)) { gemm_coarse<half_t, GEMM_TILE, GEMM_CO>(GEMM_ARGS); }
+#endif

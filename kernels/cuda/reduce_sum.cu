@@ -76,9 +76,16 @@ __device__ __forceinline__ void reduce_serial(REDUCE_PARAMS(T)) {
         reduce_tree<half_t, BS>(REDUCE_ARGS);                                                              \
     }
 
+#ifndef REDUCE_BS  // a space variant compiles only its own entry points
 REDUCE_TREE(reduce_tree128, 128)
 REDUCE_TREE(reduce_tree256, 256)
 REDUCE_TREE(reduce_tree512, 512)
 REDUCE(reduce_shuffle, reduce_shuffle, 1024)
 REDUCE(reduce_warp, reduce_warp, 1024)
 REDUCE(reduce_serial, reduce_serial, 1024)
+#else
+// The tree space: -DREDUCE_BS=threads per block (a power of 2). No __launch_bounds__: the compile stage judges
+// the cubin's resources.
+extern "C" __global__ void reduce_space_f32(REDUCE_PARAMS(float)) { reduce_tree<float, REDUCE_BS>(REDUCE_ARGS); }
+extern "C" __global__ void reduce_space_f16(REDUCE_PARAMS(half_t)) { reduce_tree<half_t, REDUCE_BS>(REDUCE_ARGS); }
+#endif

@@ -94,8 +94,15 @@ __device__ __forceinline__ void softmax_block(SOFTMAX_PARAMS(T)) {
         softmax_block<half_t, BS>(SOFTMAX_ARGS);                                                           \
     }
 
+#ifndef SOFTMAX_BS  // a space variant compiles only its own entry points
 SOFTMAX(softmax_warp, softmax_warp, 1024)
 SOFTMAX(softmax_online, softmax_online, 1024)
 SOFTMAX_BLOCK(softmax_block128, 128)
 SOFTMAX_BLOCK(softmax_block256, 256)
 SOFTMAX_BLOCK(softmax_block512, 512)
+#else
+// The block space: -DSOFTMAX_BS=threads per row (a multiple of 32). No __launch_bounds__: the compile stage
+// judges the cubin's resources.
+extern "C" __global__ void softmax_space_f32(SOFTMAX_PARAMS(float)) { softmax_block<float, SOFTMAX_BS>(SOFTMAX_ARGS); }
+extern "C" __global__ void softmax_space_f16(SOFTMAX_PARAMS(half_t)) { softmax_block<half_t, SOFTMAX_BS>(SOFTMAX_ARGS); }
+#endif

@@ -48,8 +48,22 @@ __device__ __forceinline__ void transpose_tiled(TRANSPOSE_PARAMS(T)) {
         transpose_tiled<double, TILE, ROWS, PAD>(TRANSPOSE_ARGS);                                          \
     }
 
+#ifndef TRANSPOSE_TILE  // a space variant compiles only its own entry points
 TRANSPOSE_NAIVE(transpose_naive)
 TRANSPOSE_TILED(transpose_tiled32, 32, 8, 1)
 TRANSPOSE_TILED(transpose_tiled32_nopad, 32, 8, 0)
 TRANSPOSE_TILED(transpose_tiled16, 16, 16, 1)
 TRANSPOSE_TILED(transpose_tiled64, 64, 8, 1)
+#else
+// The tiles space: -DTRANSPOSE_TILE=T -DTRANSPOSE_ROWS=R -DTRANSPOSE_PAD=P, block T x R. No __launch_bounds__:
+// the compile stage judges registers and shared memory from the cubin.
+extern "C" __global__ void transpose_space_f16(TRANSPOSE_PARAMS(half_t)) {
+    transpose_tiled<half_t, TRANSPOSE_TILE, TRANSPOSE_ROWS, TRANSPOSE_PAD>(TRANSPOSE_ARGS);
+}
+extern "C" __global__ void transpose_space_f32(TRANSPOSE_PARAMS(float)) {
+    transpose_tiled<float, TRANSPOSE_TILE, TRANSPOSE_ROWS, TRANSPOSE_PAD>(TRANSPOSE_ARGS);
+}
+extern "C" __global__ void transpose_space_f64(TRANSPOSE_PARAMS(double)) {
+    transpose_tiled<double, TRANSPOSE_TILE, TRANSPOSE_ROWS, TRANSPOSE_PAD>(TRANSPOSE_ARGS);
+}
+#endif
