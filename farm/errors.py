@@ -9,6 +9,7 @@ FarmError
 ├── CorruptRecord                          a stored decision cannot be trusted
 ├── ArchiveError                           an archive cannot be written or trusted
 ├── ValidationUnavailable                  the reference's output cannot be validated
+├── RestrictionError (also ValueError)     a space's restriction cannot be evaluated for a config
 └── CudaToolError                          NVRTC or the cubin reader cannot do their job
     ├── NvrtcUnavailable (also RuntimeError)   libnvrtc cannot be loaded
     ├── NvrtcError (also RuntimeError)         NVRTC rejected a program
@@ -164,6 +165,10 @@ class ArchiveError(FarmError):
 
 class ValidationUnavailable(FarmError):
     """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
+
+
+class RestrictionError(FarmError, ValueError):
+    """Raised when a space's restriction cannot be evaluated for a config (a zero division, a value out of bounds)."""
 
 
 class CudaToolError(FarmError):

@@ -15,7 +15,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from farm.errors import TuneFailure
+from farm.errors import RestrictionError, TuneFailure
 
 Value = int | float | bool | str
 
@@ -33,10 +33,6 @@ _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
 }
 _CALLS: dict[str, Callable[..., Any]] = {"min": min, "max": max}
-
-
-class RestrictionError(ValueError):
-    """Raised when a restriction cannot be evaluated for a config (a zero division, a value out of bounds)."""
 
 
 def compile_restriction(text: str, names: tuple[str, ...], where: str) -> Callable[[Mapping[str, Value]], bool]:

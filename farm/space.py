@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from farm.codetext import code_text
-from farm.errors import TuneFailure
+from farm.errors import RestrictionError, TuneFailure
 from farm.identity import Candidate, fields
-from farm.restrict import RestrictionError, Value, compile_restriction
+from farm.restrict import Value, compile_restriction
 
 Config = dict[str, Value]
 Restriction = str | Callable[..., bool]

@@ -17,11 +17,12 @@ from nvrtc_support import skip_without_nvrtc
 from servers import WorkerProcess, farm_env
 
 from farm_cli import main
+from farm_fleet.errors import CompileTimeout
 from farm_fleet.settings import Settings
 from farm_kernels import matmul
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda import kcache
-from farm_workers.compile import CompileTimeout, compile_batch, compile_on_fleet
+from farm_workers.compile import compile_batch, compile_on_fleet
 
 ARCH = "sm_90"
 

@@ -22,11 +22,19 @@ from farm.errors import (
     NvrtcError,
     NvrtcUnavailable,
     ProtocolError,
+    RestrictionError,
     TuneFailure,
     ValidationUnavailable,
     error_from_dict,
 )
-from farm_fleet.errors import DeviceQuarantined, IllegalTransition, RunInterrupted, StoreUnavailable
+from farm_fleet.errors import (
+    CompileTimeout,
+    DeviceQuarantined,
+    GroupsFailed,
+    IllegalTransition,
+    RunInterrupted,
+    StoreUnavailable,
+)
 
 EXAMPLES = [
     FarmError("no live workers"),
@@ -45,6 +53,9 @@ EXAMPLES = [
     StoreUnavailable("the results Redis unreachable for 20s"),
     IllegalTransition("problem p1: published -> running"),
     RunInterrupted("run r1 interrupted with 3 problems unfinished"),
+    RestrictionError("space 'tiled': restriction 'block // unroll' failed: ZeroDivisionError"),
+    GroupsFailed("1 of 2 groups failed in the farm: p1/g0: rejected"),
+    CompileTimeout("3 kernels not compiled after 60 s on queue farm.compile"),
 ]
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from farm.errors import FailureKind, TuneFailure
-from farm.restrict import RestrictionError, compile_restriction
+from farm.errors import FailureKind, RestrictionError, TuneFailure
+from farm.restrict import compile_restriction
 
 NAMES = ("block", "unroll", "layout", "vector")
 

@@ -29,7 +29,7 @@ from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExce
 from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
-from farm_fleet.errors import DeviceQuarantined, StoreUnavailable
+from farm_fleet.errors import DeviceQuarantined, GroupsFailed, StoreUnavailable
 from farm_fleet.protocol import (
     GROUP_TASK,
     PING_TASK,
@@ -206,19 +206,6 @@ def create_app(settings: Settings | None = None) -> Celery:
         return {"pong": os.environ.get(WORKER_ID_VARIABLE, ""), "pid": os.getpid()}
 
     return app
-
-
-class GroupsFailed(Exception):
-    """Raised when groups of a task failed in the farm (their failed results are stored, so nothing is retried):
-    the Celery task ends in state FAILURE, as Flower shows it, with each failed group and its error."""
-
-    @classmethod
-    def of(cls, failed: list[dict[str, Any]], total: int) -> GroupsFailed:
-        """The error for ``failed`` result dicts out of ``total`` (one argument: it pickles as it is)."""
-        lines = "; ".join(f"{r.get('problem_id', '?')}/{r.get('group', '?')}: {r.get('error') or r.get('status')}"
-                          for r in failed[:5])
-        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
-        return cls(f"{len(failed)} of {total} groups failed in the farm: {lines}{more}")
 
 
 def _sender_worker(sender: Any) -> FarmWorker | None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from celery import Celery
 
-from farm.errors import FarmError
 from farm_fleet.celeryconf import celery_config
+from farm_fleet.errors import CompileTimeout
 from farm_fleet.settings import Settings
 from farm_kernels.cuda.compile import CompileJob, CompileSummary, compile_job, tally
 from farm_kernels.cuda.kcache import KernelCache, KernelEntry, RedisCache
@@ -27,10 +27,6 @@ COMPILE_QUEUE = "farm.compile"
 BATCH = 4  # jobs per task: a few seconds of NVRTC, so idle compile workers share a space's misses
 
 log = logging.getLogger(__name__)
-
-
-class CompileTimeout(FarmError):
-    """The compile queue did not store every job's entry before the deadline (no compile worker running?)."""
 
 
 def create_compile_app(settings: Settings) -> Celery:

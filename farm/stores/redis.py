@@ -166,7 +166,7 @@ class RedisDecisions:
             return None
         self._backoff = self._backoff_initial
         if raw is None:
-            self._regimes.missed(cache_key, self._digest(cache_key))  # says once if another regime has decisions
+            self._regimes.missed(cache_key, fingerprint_digest(environment))  # says once if another regime has decisions
             return None
         return DecisionRecord.from_json(raw, expected_key=cache_key)
 
