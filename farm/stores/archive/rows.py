@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ArchiveError
+from farm.keyroster import KeyRoster
 from farm.stores.archive.checks import (
     check_decision_ranges,
     check_key_version,
@@ -28,7 +29,6 @@ from farm.stores.archive.checks import (
     needs_escape,
     per_value,
 )
-from farm.keyroster import KeyRoster
 from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names, winner_problem
 from farm.stores.archive.schema import _encode_string, _short
 from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
