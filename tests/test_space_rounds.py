@@ -24,7 +24,7 @@ SPACE = """
 operation = "farmtest_space"
 workloads = [{ n = 2500, dtype = "float64" }]
 """
-POLICY = "samples = 5\nwarmups = 1\nbudget = 60.0\nmax_relative_mad = 1.0\n"
+POLICY = "samples = 5\nwarmups = 1\nbudget = 3.0\nmax_relative_mad = 1.0\n"
 
 
 def plan_of(workers: int = 2) -> PlannedProblem:
