@@ -43,6 +43,34 @@ class SpaceShape:
         spelled = zip((p for p, _ in self.params), reversed(digits), strict=True)
         return f"{self.name}[{','.join(f'{p}={v}' for p, v in spelled)}]"
 
+    def values_of(self, name: str) -> dict[str, str] | None:
+        """The spelled value of each parameter in a config's canonical name, or None for another name."""
+        prefix = self.name + "["
+        if not name.startswith(prefix) or not name.endswith("]"):
+            return None
+        rest, out = name[len(prefix):-1], {}
+        for index, (param, values) in enumerate(self.params):
+            if not rest.startswith(param + "="):
+                return None
+            rest = rest[len(param) + 1:]
+            last = index == len(self.params) - 1
+            matches = [v for v in values if (rest == v if last else rest.startswith(v + ","))]
+            if not matches:
+                return None
+            out[param] = max(matches, key=len)
+            rest = rest[len(out[param]) + (0 if last else 1):]
+        return out
+
+    def rank(self, name: str) -> int | None:
+        """The rank of the config a canonical name denotes, or None for another name."""
+        spelled = self.values_of(name)
+        if spelled is None:
+            return None
+        rank = 0
+        for param, values in self.params:
+            rank = rank * len(values) + values.index(spelled[param])
+        return rank
+
 
 def parse_descriptor(text: str) -> SpaceShape | None:
     """The shape a space descriptor names, or None when ``text`` is not one (a listed candidate's name)."""
@@ -133,26 +161,7 @@ class KeyRoster:
                 if entry == name:
                     return start
                 continue
-            rank = _rank(shape, name)
+            rank = shape.rank(name)
             if rank is not None:
                 return start + rank
         return None
-
-
-def _rank(shape: SpaceShape, name: str) -> int | None:
-    prefix = shape.name + "["
-    if not name.startswith(prefix) or not name.endswith("]"):
-        return None
-    rest, rank = name[len(prefix):-1], 0
-    for index, (param, values) in enumerate(shape.params):
-        if not rest.startswith(param + "="):
-            return None
-        rest = rest[len(param) + 1:]
-        last = index == len(shape.params) - 1
-        matches = [v for v in values if (rest == v if last else rest.startswith(v + ","))]
-        if not matches:
-            return None
-        value = max(matches, key=len)
-        rank = rank * len(values) + values.index(value)
-        rest = rest[len(value) + (0 if last else 1):]
-    return rank
