@@ -19,6 +19,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from farm.roster import _View
+
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HASHED = re.compile(r"[^\[\]]+\[sha256:[0-9a-f]{64}\]\Z")
 
@@ -133,6 +135,20 @@ class KeyRoster:
                 break
             start += 1 if shape is None else shape.size
         self._length = start
+        self.names: Sequence[str] = _View(self, self._named)  # position -> name, IndexError where unnamed
+
+    @classmethod
+    def of_key(cls, cache_key: str) -> KeyRoster:
+        """The roster of an encoded cache key; ValueError when the key cannot be read."""
+        from farm.identity import CacheKey
+
+        return cls([c.name for c in CacheKey.decode(cache_key).candidates])
+
+    def _named(self, position: int) -> str:
+        name = self.name(position)
+        if name is None:
+            raise IndexError(f"candidate position {position} lies in a space whose descriptor is hashed")
+        return name
 
     def __len__(self) -> int:
         """The number of positions (when :attr:`sized`; else the positions before the hashed descriptor)."""

@@ -23,6 +23,7 @@ def test_an_in_process_record_says_its_own_counts_and_is_partial_only_when_it_sa
 
 def test_a_farm_record_is_counted_from_its_candidates_under_the_runs_strategy() -> None:
     import farm_spaceops  # noqa: F401  (registers farmtest_space)
+
     from farm_kernels import registry
 
     registry.ensure_loaded(("farm_spaceops",))
