@@ -63,3 +63,24 @@ def test_a_decision_over_a_space_is_written_to_an_archive_and_read_back(tmp_path
 def test_a_forged_winner_index_over_a_space_is_refused(tmp_path, winner, name, error) -> None:
     with pytest.raises(ArchiveError, match=error):
         arc.write_archive(tmp_path, FP_A, [spaced_entry(winner, name)])
+
+
+def test_a_result_without_names_is_aggregated_by_the_names_unranked_from_its_key() -> None:
+    from farm.policy import StackPolicy
+    from farm.trials import Outcome, TrialVerdict
+    from farm_coordinator.aggregate import aggregate, trial_rows
+    from farm_coordinator.catalog import Workload
+    from farm_coordinator.plan import PlannedProblem, Target
+    from farm_fleet.protocol import GroupResult, GroupTask
+
+    key = key_for(FP_A, "n=4", names=ENTRIES)
+    trap = "tiled[block=32,layout=row,scale=3]"
+    task = GroupTask("run", "pid", "s0.9", "scale", "cpu", {"n": 4}, ((trap, "1"),), {}, "d" * 16)
+    plan = PlannedProblem("pid", Target("d" * 16, "fp", "cpu"), Workload("scale", ("cpu",), {"n": 4}, "w"), (task,))
+    outcome = Outcome(ROSTER.index(trap), trap, verdict=TrialVerdict.REJECTED, note="wrong output")
+    told = {"s0.9": GroupResult("run", "pid", "s0.9", "ok", cache_key=key, reference_index=0, names=(),
+                                reference_times=(1.0, 1.0, 1.0), outcomes=(outcome,))}
+    agg = aggregate(plan, told, StackPolicy(), "run")
+    assert agg.record is not None and agg.record.name == "ref" and agg.record.meta["reference"] == "ref"
+    assert [c["name"] for c in agg.record.meta["candidates"]] == [trap]
+    assert {r["candidate"] for r in trial_rows(agg) if r["role"] == "reference"} == {"ref"}
