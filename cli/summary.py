@@ -77,7 +77,8 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
         return None
     if not spaces:
         return None
-    names = [str(c.get("name", "")) for c in meta.get("candidates", [])]
+    names = [str(c.get("name", "")) for c in meta.get("candidates", [])
+             if not str(c.get("note", "")).startswith("not tried")]  # the budget's cut: not evaluated
     judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
     strategy, seed = (policy.strategy, policy.seed) if policy is not None else ("exhaustive", None)
     return effort(judged, sum(s.size for s in spaces), strategy, seed)

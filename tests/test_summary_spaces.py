@@ -35,3 +35,4 @@ def test_a_farm_record_is_counted_from_its_candidates_under_the_runs_strategy() 
     assert partial_search(farmed, policy) and not partial_search(farmed, farm.StackPolicy())
     cut = record([*judged, {"name": "chunked[chunk=4096,twice=True]", "note": "not tried: the budget ran out"}])
     assert partial_search(cut, farm.StackPolicy())
+    assert space_effort(cut, farm.StackPolicy()) == "evaluated 2 of 8 configs (exhaustive)"  # not tried: not counted
