@@ -1,6 +1,5 @@
 """Tuning spaces: each strategy side by side on a known-cost space, on the project's real host spaces, and the
-overhead of a space of a million configs. In-process only (the farm's 1-vs-2-worker figure needs the farm's
-search in rounds).
+overhead of a space of a million configs, and the farm searching one space with 1 and with 2 workers.
 
 - ``known``: a space of 320 configs (312 feasible) whose cost is a known function of its parameters: one optimum
   (block=128, unroll=4, vector=v4, order=row), a near-optimum far from it (order=col, block=1024, unroll=1), and
@@ -14,7 +13,11 @@ search in rounds).
 - ``million``: random and bayes with 40 evaluations over a 10^6-config space against the same search over a
   40-candidate list (scripted, zero-cost trials): added seconds and added peak memory.
 
-    .venv/bin/python bench/spaces.py [--seeds 10] [--budget 60] [--quick]
+- ``farm``: a private redis-server and real `farm worker` processes (cpu:0, then cpu:0 and cpu:1) searching the
+  test space ``farmtest_space`` (tests/farm_spaceops.py) in rounds with ``random``: wall seconds of each run,
+  configs evaluated, and the speedup of 2 workers over 1 (a round is as wide as the live devices).
+
+    .venv/bin/python bench/spaces.py [--seeds 10] [--budget 60] [--quick] [--only farm]
 """
 
 from __future__ import annotations
@@ -174,18 +177,70 @@ def run_million(evaluations: int) -> None:
         print(f"{strategy:<9} {ls:>8.2f} {ss:>8.2f} {ss - ls:>8.2f} {lm:>8.1f} {sm:>9.1f} {sm - lm:>9.1f}")
 
 
+def run_farm(max_configs: int) -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path[:0] = [str(root / "tests")]
+    from servers import farm_env, redis_server, start_worker, wait_worker_ready
+
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.run import tune
+    from farm_fleet.settings import Settings
+
+    print(f"\nfarm: farmtest_space (8 configs, 7 feasible), random, max_configs={max_configs}, one private redis-server")
+    walls: dict[int, float] = {}
+    for workers in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp) / "redis") as redis:
+            directory = Path(tmp)
+            env = farm_env({"FARM_PREFIX": f"bench{workers}"})
+            settings = Settings.from_env(env, broker_url=redis.url(0), redis_url=redis.url(1))
+            catalog = directory / "space.toml"
+            catalog.write_text(f'[policy]\nsamples = 5\nwarmups = 1\nbudget = 3.0\nmax_relative_mad = 1.0\n'
+                               f'strategy = "random"\nmax_configs = {max_configs}\nseed = 0\n\n[[problems]]\n'
+                               f'operation = "farmtest_space"\nworkloads = [{{ n = 200000, dtype = "float64" }}]\n')
+            started = [start_worker(f"cpu:{i}", redis.url(0), redis.url(1), directory, env,
+                                    kernels=("farm_spaceops",)) for i in range(workers)]
+            try:
+                for worker in started:
+                    wait_worker_ready(worker, redis.client(1), settings.prefix)
+                from farm_cli import celery_parts
+
+                quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
+                summary = tune(load_catalog(catalog, ("farm_spaceops",)), settings=settings, console=quiet,
+                               **celery_parts(settings))
+            finally:
+                for worker in started:
+                    worker.stop()
+        agg = summary.aggregates[0]
+        spaced = sum(1 for g in agg.results if g.startswith("s"))
+        walls[workers] = summary.wall_seconds
+        print(f"  {workers} worker(s): {summary.wall_seconds:6.2f} s wall, {spaced} configs evaluated, "
+              f"winner {agg.winner}")
+    print(f"  2 workers / 1 worker speedup: {walls[1] / walls[2]:.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10, help="seeds per sampling strategy (default 10)")
     parser.add_argument("--evaluations", type=int, default=60, help="max_configs of random and bayes (default 60)")
     parser.add_argument("--host", default=",".join(HOST_SPECS), help="host operations to search (comma-separated)")
     parser.add_argument("--quick", action="store_true", help="3 seeds, 20 evaluations, one host operation")
+    parser.add_argument("--only", choices=("known", "host", "million", "farm"), help="run one part only")
     args = parser.parse_args(argv)
     seeds, evaluations = (3, 20) if args.quick else (args.seeds, args.evaluations)
     names = ["reduce_sum"] if args.quick else [n for n in args.host.split(",") if n]
-    run_known(seeds, evaluations)
-    run_host(max(1, seeds // 3), max(3, evaluations // 6), names)
-    run_million(40)
+    parts: dict[str, Callable[[], None]] = {
+        "known": lambda: run_known(seeds, evaluations),
+        "host": lambda: run_host(max(1, seeds // 3), max(3, evaluations // 6), names),
+        "million": lambda: run_million(40),
+        "farm": lambda: run_farm(4 if args.quick else 6),
+    }
+    for name, part in parts.items():
+        if args.only in (None, name):
+            part()
     return 0
 
 

@@ -178,7 +178,7 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             interrupted = isinstance(e, KeyboardInterrupt) or getattr(e, "exit_code", None) == 130
             _abandon(parts, run_id, progress, "interrupted" if interrupted else "failed")
             raise
-        rows = report.rows(summary, parts.sink)  # the records are read back from the sink
+        rows = report.rows(summary, parts.sink, cat.policy)  # the records are read back from the sink
         if as_json:
             for piece in report.as_json(summary, rows, parts.sink):
                 click.echo(piece, nl=False)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from farm.policy import StackPolicy
 from farm.stores.base import DecisionRecord
 from farm.strategies import effort
 from farm_coordinator.catalog import workload_label
@@ -43,9 +44,11 @@ def decided_records(sink: Sink, problems: Iterable[tuple[str, str]]) -> dict[str
     return found
 
 
-def rows(summary: Any, sink: Sink) -> list[dict[str, Any]]:
+def rows(summary: Any, sink: Sink, policy: StackPolicy | None = None) -> list[dict[str, Any]]:
     """One compact row per problem of the run (tuned now, failed, or reused), sorted; the record's fields the
-    table shows are read back from the sink a chunk at a time, the records themselves not kept."""
+    table shows are read back from the sink a chunk at a time, the records themselves not kept. ``policy``: the
+    run's (a farm record does not carry its strategy); ``partial`` says the space search did not cover the space
+    (a sampling strategy, ``max_configs`` or the budget): only those searches get a line under the table."""
     out = [_row(s) for s in summary.problems]
     out.sort(key=lambda r: (r["fingerprint"], r["operation"], r["workload"]))
     for row, record in with_records(sink, out):
@@ -55,13 +58,14 @@ def rows(summary: Any, sink: Sink) -> list[dict[str, Any]]:
         row.update(winner=record.name, ratio=record.ratio, verified=record.verified,
                    confirmation=confirmation_text(str(record.meta.get("confirmation") or "-")),
                    lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")),
-                   effort=space_effort(record))
+                   effort=space_effort(record, policy), partial=partial_search(record, policy))
     return out
 
 
-def space_effort(record: DecisionRecord) -> str | None:
+def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> str | None:
     """"evaluated 60 of 10,240 configs (bayes, seed 0)" for a problem tuned over a space, else None. A record
-    without the strategy's own counts (the farm plans every feasible config) counts the configs it judged."""
+    without the strategy's own counts (a farm decision) counts the configs it judged, under ``policy``'s strategy
+    (the run's; exhaustive without one)."""
     meta = record.meta
     if isinstance(meta.get("evaluated"), int) and isinstance(meta.get("space_size"), int):
         return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"))
@@ -73,9 +77,21 @@ def space_effort(record: DecisionRecord) -> str | None:
         return None
     if not spaces:
         return None
-    names = [str(c.get("name", "")) for c in meta.get("candidates", [])]
+    names = [str(c.get("name", "")) for c in meta.get("candidates", [])
+             if not str(c.get("note", "")).startswith("not tried")]  # the budget's cut: not evaluated
     judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
-    return effort(judged, sum(s.size for s in spaces), "exhaustive", None)
+    strategy, seed = (policy.strategy, policy.seed) if policy is not None else ("exhaustive", None)
+    return effort(judged, sum(s.size for s in spaces), strategy, seed)
+
+
+def partial_search(record: DecisionRecord, policy: StackPolicy | None = None) -> bool:
+    """Whether a space search left configs out on purpose or by force: a sampling strategy, a ``max_configs``, or
+    a candidate the budget left not tried (an exhaustive search of every feasible config is no news)."""
+    meta = record.meta
+    strategy = meta.get("strategy") or (policy.strategy if policy is not None else "exhaustive")
+    max_configs = meta.get("max_configs") if "strategy" in meta else (policy.max_configs if policy else None)
+    cut = any(str(c.get("note", "")).startswith("not tried") for c in meta.get("candidates", []))
+    return strategy != "exhaustive" or max_configs is not None or cut
 
 
 def confirmation_text(note: str) -> str:
@@ -123,7 +139,8 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
             continue
         t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
                   str(r["lost"]))
-    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}" for r in all_rows[:TABLE_ROWS] if r.get("effort")]
+    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}" for r in all_rows[:TABLE_ROWS]
+              if r.get("effort") and r.get("partial")]
     if len(spaced) > SPACE_LINES:
         spaced = [*spaced[:SPACE_LINES], f"... and {len(spaced) - SPACE_LINES:,} more problems tuned over spaces"]
     if len(all_rows) > TABLE_ROWS:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from farm.environment import farm_version
+from farm.keyroster import KeyRoster
 from farm.policy import StackPolicy
 from farm.scoring import Standing, judge
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
@@ -69,8 +70,12 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     if len(keys) != 1:
         return failed("groups disagree on the cache key (mixed builds?)", trial_seconds)
     first = ok[0]
-    names = list(first.names)
-    position = {name: i for i, name in enumerate(names)}
+    # A worker lists the key's candidate names, except for a roster too long to send (a large space): then
+    # they are computed from the key (farm.keyroster), a space's configs unranked from its descriptor.
+    listed = {name: i for i, name in enumerate(first.names)}
+    roster = KeyRoster.of_key(first.cache_key) if not first.names and first.cache_key else None
+    names: Sequence[str] = roster.names if roster is not None else first.names
+    position = _Positions(listed, roster)
     outcomes: dict[int, Outcome] = {}
     worker_of: dict[int, str] = {}
     for r in ok:
@@ -154,7 +159,7 @@ def trial_rows(agg: Aggregate) -> list[dict[str, Any]]:
                          "note": r.error, "pair": None, "reference_seconds": None, "candidate_seconds": None,
                          "max_abs_error": None, "max_rel_error": None})
             continue
-        reference = r.names[0] if r.names else None
+        reference = r.names[0] if r.names else (KeyRoster.of_key(r.cache_key).name(0) if r.cache_key else None)
         for i, t in enumerate(r.reference_times):
             rows.append({**base, "role": "reference", "candidate": reference, "candidate_index": 0,
                          "verdict": "reference", "note": "reference sample", "pair": i, "reference_seconds": t,
@@ -242,3 +247,22 @@ def unconfirmed(agg: Aggregate, policy: StackPolicy,
 def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: float | None, extra_seconds: float) -> Aggregate:
     return dataclasses.replace(agg, record=record, winner=winner, ratio=ratio,
                                trial_seconds=agg.trial_seconds + extra_seconds)
+
+
+class _Positions:
+    """``name in positions`` and ``positions[name]``: the listed names' positions, or the key roster's."""
+
+    def __init__(self, listed: dict[str, int], roster: KeyRoster | None) -> None:
+        self.listed, self.roster = listed, roster
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def __getitem__(self, name: str) -> int:
+        found = self.get(name)
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def get(self, name: str) -> int | None:
+        return self.listed.get(name) if self.roster is None else self.roster.position(name)

@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from farm.policy import StackPolicy
 from farm.search import admit
 from farm.trials import Outcome
 from farm_coordinator.catalog import Catalog, Workload
@@ -73,13 +74,24 @@ class Groups:
         return sum(len(candidates) for _, candidates in self.groups)
 
 
+def searches_spaces(policy: StackPolicy) -> bool:
+    """Whether a run searches spaces in rounds (``farm_coordinator.spacesearch``: a strategy other than exhaustive,
+    or a ``max_configs``); else a space's feasible configs are planned as candidates of its priority group."""
+    return policy.strategy != "exhaustive" or policy.max_configs is not None
+
+
 def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = ()) -> Groups:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
-    try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes."""
+    try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes.
+    Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here."""
     from farm_kernels import registry
 
     tunable = registry.get(operation).tunable(device_kind)
-    order = tunable.search_order()  # the cache key's candidate list: the reference first
+    if tunable.spaces and searches_spaces(catalog.policy):  # the spaces are the strategy's (SpaceSearch)
+        roster = tunable.roster()
+        order = [roster.indices[p] for p in roster.plain_positions]
+    else:
+        order = tunable.search_order()  # the cache key's candidate list: the reference first
     candidates = [tunable[i].candidate() for i in order]
     admitted, refused = admit(candidates, 0, catalog.policy, banned=banned)
     groups: dict[int, list[int]] = {}

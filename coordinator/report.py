@@ -22,6 +22,7 @@ from farm.environment import fingerprint_parts
 from farm.trials import TrialVerdict, canonical_verdict
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.feedback import run_origin
+from farm_coordinator.heatmap import heat_maps
 
 
 def load(archive: Path) -> list[dict[str, Any]]:
@@ -64,6 +65,7 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "origin": run_origin(str(meta.get("run") or "")),
             "candidates": list(candidates.values()),
             "not_tried": not_tried,
+            "spaces": heat_maps(record.cache_key, list(candidates.values())),
         })
         problems[-1]["ticks"] = ratio_ticks(*axis_range(list(candidates.values()), min_speedup))
     problems.sort(key=lambda p: (p["operation"], p["workload"]))
@@ -234,8 +236,24 @@ function plot(p,minSpeedup){
   s+=`<text class="axis-title" x="${(left+W-right)/2}" y="${H-4}" font-size="10" fill="#777" text-anchor="middle">candidate/reference time per pair (log scale)</text>`;
   return s+"</svg>";
 }
+function heat(h){
+  // The explored configs of a space: rows and columns are the two parameters that matter most; a cell is coloured
+  // by its best ratio (green faster than the reference, red slower), a cross marks a cell with failed configs.
+  const cw=54,ch=24,left=110,top=40,W=Math.max(520,left+cw*h.xs.length+10),H=top+ch*h.ys.length+10;
+  const col=r=>{if(r===null)return "#eee";const t=Math.max(-1,Math.min(1,Math.log(r)/Math.log(4)));
+    return t<0?`rgb(${Math.round(255+t*200)},${Math.round(255+t*60)},${Math.round(255+t*200)})`:`rgb(255,${Math.round(255-t*190)},${Math.round(255-t*190)})`;};
+  let s=`<svg class="heat" width="${W}" height="${H}" role="img" aria-label="explored configs of ${esc(h.space)}">`;
+  s+=`<text x="4" y="12" font-size="11" fill="#444">${esc(h.space)}: ${h.explored} of ${h.size} configs explored; rows ${esc(h.y)}${h.x?`, columns ${esc(h.x)}`:""}</text>`;
+  h.xs.forEach((v,j)=>{s+=`<text x="${left+j*cw+cw/2}" y="${top-6}" font-size="10" text-anchor="middle" fill="#666">${esc(v)}</text>`;});
+  h.ys.forEach((v,i)=>{s+=`<text x="${left-6}" y="${top+i*ch+ch/2+4}" font-size="10" text-anchor="end" fill="#666">${esc(v)}</text>`;
+    h.xs.forEach((_,j)=>{const c=h.cells[i][j],x=left+j*cw,y=top+i*ch;
+      s+=`<rect class="cell" x="${x}" y="${y}" width="${cw-2}" height="${ch-2}" fill="${c?col(c.best):"#f7f7f7"}"><title>${c?`${esc(c.name||"no ratio")}: best ${fmt(c.best)}, ${c.explored} explored, ${c.failed} failed`:"not explored"}</title></rect>`;
+      if(c&&c.best!==null)s+=`<text x="${x+cw/2-1}" y="${y+ch/2+3}" font-size="9" text-anchor="middle">${fmt(c.best,2)}</text>`;
+      if(c&&c.failed)s+=`<text class="failed" x="${x+cw-8}" y="${y+10}" font-size="10" fill="#b00">&#x2715;</text>`;});});
+  return s+"</svg>";
+}
 function detail(p,minSpeedup){
-  let t=`<div>${plot(p,minSpeedup)}</div><table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
+  let t=`<div>${plot(p,minSpeedup)}</div>${(p.spaces||[]).map(h=>`<div>${heat(h)}</div>`).join("")}<table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
   const untried=p.not_tried?` · ${p.not_tried} candidate group${p.not_tried>1?"s":""} not tried: the budget ran out before ${p.not_tried>1?"their":"its"} turn`:"";
   return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;

@@ -39,9 +39,11 @@ from farm_coordinator.publish import PUBLISH_BATCH, PUBLISH_WAIT, Publisher
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.settle import Settlement, quietly
 from farm_coordinator.sinks import Sink
-from farm_coordinator.strategy import PRIORITY_GROUPS, Strategy, next_tasks
+from farm_coordinator.spacesearch import strategy_for
+from farm_coordinator.strategy import Strategy, next_tasks
 from farm_fleet.errors import RunInterrupted, StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
+from farm_fleet.results import reusable
 from farm_fleet.retry import transient
 from farm_fleet.settings import Settings
 
@@ -105,11 +107,12 @@ class _Run:
     def __init__(self, catalog: Catalog, fleet: Fleet, dispatcher: Dispatcher, sink: Sink, settings: Settings,
                  leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float,
                  runlog: RunLog, on_event: Callable[[RunEvent], None] | None, keep: int,
-                 hook: ProgressHook | None, strategy: Strategy = PRIORITY_GROUPS) -> None:
+                 hook: ProgressHook | None, strategy: Strategy | None = None) -> None:
         self.catalog, self.fleet, self.dispatcher = catalog, fleet, dispatcher
         self.settings, self.leases, self.run = settings, leases, run
         self.console, self.poll, self.runlog = console, poll, runlog
-        self.on_event, self.hook, self.strategy = on_event, hook, strategy
+        self.on_event, self.hook = on_event, hook
+        self.strategy = strategy if strategy is not None else strategy_for(catalog.policy)
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
         self.board = Board([], self._moved, keep_final=False)
@@ -319,13 +322,27 @@ class _Run:
     def queue_next(self, t: Tracked) -> None:
         """Queue what the strategy sends next (``farm_coordinator.strategy.next_tasks``: with today's rule, the
         next group, carrying what the earlier ones left of the budget; a group whose turn comes after it is spent is
-        recorded not tried); a problem whose search ended is decided."""
+        recorded not tried); a problem whose search ended is decided. A group the strategy invented (a space
+        search's round) whose result is stored under the round already is reused, not sent: a restarted
+        coordinator's strategy asks the same groups again (the claim found only the plan's groups)."""
         name = self.fleet.queue(t.plan.target)
         tasks, not_tried = next_tasks(t.plan, t.state, self.policy.budget, self.strategy,
                                       max(1, len(t.plan.target.workers)))
-        self.queue.extend((task, name) for task in tasks)
+        stored = self._stored([task for task in tasks if t.plan.task(task.group) is None])
+        self.queue.extend((task, name) for task in tasks if task.group not in stored)
         if self.board.asked(t.pid, tasks, not_tried):
             self.to_decide.append(t.pid)
+        for result in stored.values():
+            self.on_result(result, reused=True)
+        if stored:
+            self.queue_next(t)
+
+    def _stored(self, tasks: list[GroupTask]) -> dict[str, GroupResult]:
+        results = self.claims.results
+        if results is None or not tasks:
+            return {}
+        found = results.get_many([task.key for task in tasks])
+        return {task.group: r for task, r in zip(tasks, found, strict=True) if r is not None and reusable(r)}
 
     def _decide(self, t: Tracked) -> None:
         agg = aggregate(t.plan, t.state.results, self.policy, self.run, t.state.asked)

@@ -10,7 +10,7 @@ candidate each, one descriptor per space); :meth:`position` resolves a canonical
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -118,9 +118,10 @@ class Roster(Sequence[Candidate]):
 
 
 class _View(Sequence[T]):
-    """One property of every roster position (its name, its set index), built on demand."""
+    """One property of every roster position (its name, its set index), built on demand (``roster``: any sized
+    roster, this module's or a key's, farm.keyroster)."""
 
-    def __init__(self, roster: Roster, of: Callable[[int], T]) -> None:
+    def __init__(self, roster: Sized, of: Callable[[int], T]) -> None:
         self._roster, self._of = roster, of
 
     def __len__(self) -> int:

@@ -37,6 +37,7 @@ from farm_fleet.results import ResultsStore, Runner
 from farm_fleet.settings import Settings
 
 log = logging.getLogger(__name__)
+SENT_NAMES = 4096  # the most candidate names a result lists (farm.identity's listed-candidate limit)
 
 
 __all__ = ["Batch", "DeviceQuarantined", "GuardedTrials", "WorkerContext", "run_group", "run_groups"]
@@ -213,7 +214,10 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     inputs = operation.build(task.spec, client)
     problem, candidates, order = stack_request(operation.name, client.device_kind, client, tunable, inputs)
     key = cache_key(problem, candidates, 0, policy)
-    names = [c.name for c in candidates] if not isinstance(candidates, Roster) else list(candidates.names)
+    # A roster too long to send (a large space) travels as the key alone: the coordinator unranks its names
+    # from the key's space descriptors (farm.keyroster).
+    names = ([c.name for c in candidates] if not isinstance(candidates, Roster) else
+             list(candidates.names) if len(candidates) <= SENT_NAMES else [])
     positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
 

@@ -16,6 +16,7 @@ from typing import Any
 from farm.encoding import fields, split_fields
 from farm.errors import ArchiveError
 from farm.identity import KEY_VERSION, OperationKey, decode_manifest, manifest
+from farm.keyroster import KeyRoster
 from farm.policy import AccuracyKey
 from farm.stores.base import DecisionRecord, canonical_json, key_sha256
 
@@ -131,20 +132,38 @@ def derived_scalars(record: DecisionRecord, operation_key: str, reference_positi
         spec_json = canonical_json(spec)
     return (
         operation or operation_key, device_kind, spec_json, record.name, record.index,
-        names[record.reference_index], record.reference_index, record.ratio,
+        names.name(record.reference_index), record.reference_index, record.ratio,
         float(mad) if _number(mad) and math.isfinite(mad) and mad >= 0 else None, record.verified,
         samples if isinstance(samples, int) and not isinstance(samples, bool) and 0 <= samples <= _INT32_MAX else None,
         record.created, _meta_str(meta, "farm_version"), _meta_str(meta, "run"), _meta_str(meta, "confirmation"),
     )
 
 
-def check_winner(names: tuple[str, ...], index: int, reference_index: int, name: str) -> None:
-    """The winner and the reference are candidates of the key's manifest, and the winner's name is its own."""
-    for what, i in (("winner_index", index), ("reference_index", reference_index)):
-        if not 0 <= i < len(names):
-            raise ArchiveError(f"field {what!r} = {i} is out of range for {len(names)} candidates")
-    if names[index] != name:
-        raise ArchiveError(f"field 'winner' = {name!r} is not candidate {index} of the key ({names[index]!r})")
+def check_winner(names: KeyRoster, index: int, reference_index: int, name: str) -> None:
+    """The winner and the reference are positions of the key's roster (``farm.keyroster``: a space's configs are
+    computed from its descriptor), and the winner's name is the roster's name at its index."""
+    problem = winner_problem(names, index, reference_index, name, "field")
+    if problem is not None:
+        raise ArchiveError(problem)
+
+
+def winner_problem(names: KeyRoster, index: int, reference_index: int, name: str, what: str) -> str | None:
+    """What is wrong with a record's winner and reference positions for its key (``what``: "field" or "column"
+    in the message), or None."""
+    for field, i in (("winner_index", index), ("reference_index", reference_index)):
+        if not names.in_range(i):
+            return f"{what} {field!r} = {i} is out of range for the key's {len(names)} candidates"
+    expected = names.name(index)
+    if expected is not None and expected != name:
+        return f"{what} 'winner' = {_short(name)} is not candidate {index} of the key ({expected!r})"
+    if names.name(reference_index) is None:
+        return f"{what} 'reference_index' = {reference_index} is not a listed candidate of the key"
+    return None
+
+
+def _short(value: str, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _loads(text: str) -> Any:
@@ -159,10 +178,11 @@ def _number(value: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def manifest_names(manifest: str) -> tuple[str, ...]:
-    """The candidate names of a key's manifest part; ArchiveError when it cannot be read."""
+def manifest_names(manifest: str) -> KeyRoster:
+    """The candidate roster of a key's manifest part (its entries' names, a space's configs unranked from its
+    descriptor); ArchiveError when it cannot be read."""
     try:
-        return tuple(c.name for c in decode_manifest(manifest))
+        return KeyRoster([c.name for c in decode_manifest(manifest)])
     except ValueError as e:  # UnicodeDecodeError included
         raise ArchiveError(f"the key's candidate manifest cannot be read: {e}") from e
 

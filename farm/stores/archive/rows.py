@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ArchiveError
+from farm.keyroster import KeyRoster
 from farm.stores.archive.checks import (
     check_decision_ranges,
     check_key_version,
@@ -28,7 +29,7 @@ from farm.stores.archive.checks import (
     needs_escape,
     per_value,
 )
-from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names
+from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names, winner_problem
 from farm.stores.archive.schema import _encode_string, _short
 from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
 from farm.stores.columns import TextColumn
@@ -198,9 +199,7 @@ def _combo_problem(combo: tuple[int, ...], m_values: list[Any], a_values: list[A
     if canonical_accuracy(a_values[a]) is not None:
         return f"column 'accuracy_key' = {_short(a_values[a])} is not an accuracy key: " \
                f"{canonical_accuracy(a_values[a])}"
-    if index >= len(names) or reference >= len(names) or names[index] != w_values[w]:
-        return _winner_problem(names, index, reference, w_values[w])
-    return None
+    return winner_problem(names, index, reference, w_values[w], "column")
 
 
 def _reprs(values: list[float]) -> Any:
@@ -294,14 +293,7 @@ def _codes(column: Any) -> tuple[Any, list[Any]]:
     return column.indices.to_numpy(zero_copy_only=False), column.dictionary.to_pylist()
 
 
-def _names(manifest_part: str) -> tuple[str, ...] | None:
+def _names(manifest_part: str) -> KeyRoster | None:
     if canonical_manifest(manifest_part) is not None:
         return None
     return manifest_names(manifest_part)
-
-
-def _winner_problem(names: tuple[str, ...], index: int, reference: int, winner: str) -> str:
-    for what, i in (("winner_index", index), ("reference_index", reference)):
-        if i >= len(names):
-            return f"column {what!r} = {i} is out of range for the key's {len(names)} candidates"
-    return f"column 'winner' = {_short(winner)} is not candidate {index} of the key ({names[index]!r})"

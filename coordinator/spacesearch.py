@@ -1,0 +1,97 @@
+"""The farm's search of a tunable set's spaces in rounds: a coordinator :class:`~farm_coordinator.strategy.Strategy`
+around ``farm.strategies`` (exhaustive, random or bayes, ``max_configs``, ``seed`` from the catalog's [policy]).
+
+The plan names the listed candidates (``plan_groups`` leaves the spaces out when :func:`searches_spaces`); they run
+first, group after group, as with :class:`~farm_coordinator.strategy.PriorityGroups`. Then the spaces are searched
+in rounds: a round asks the ask/tell strategy for ``capacity`` configs (the live devices of the fingerprint), each
+sent as its own group task named ``s<round>.<position>``; once every group of the round has a result, the results
+are told (a ratio, or None for a config that failed or lost) and the next round is asked. The search ends when
+the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a round NOT_TRIED.
+
+Pure in its inputs: each ``propose`` builds the strategy afresh and replays the rounds the group names and results
+show (``farm.strategies.replay``), so a coordinator killed mid-search and restarted asks the same groups again and
+reuses their stored results (``coordinator/run.py`` looks stored results up before it sends a strategy's group).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from farm.policy import StackPolicy
+from farm.roster import Roster
+from farm.scoring import judge
+from farm.strategies import make_strategy, replay
+from farm.trials import TrialVerdict
+from farm_coordinator.plan import PlannedProblem, searches_spaces
+from farm_coordinator.strategy import PRIORITY_GROUPS, Ask, Strategy
+from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, GroupResult
+
+_GROUP = re.compile(r"s(\d+)\.(\d+)\Z")
+_TIMED = (TrialVerdict.PASSED, TrialVerdict.UNVERIFIED)
+
+
+def strategy_for(policy: StackPolicy) -> Strategy:
+    """The coordinator strategy a run under ``policy`` uses."""
+    return SpaceSearch(policy) if searches_spaces(policy) else PRIORITY_GROUPS
+
+
+def group_name(round_no: int, position: int) -> str:
+    """The group of one config of a round: ``s3.1042`` (round 3, roster position 1042)."""
+    return f"s{round_no}.{position}"
+
+
+def parse_group(name: str) -> tuple[int, int] | None:
+    """(round, position) of a space search's group name, or None for another group."""
+    match = _GROUP.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@functools.lru_cache(maxsize=64)
+def _roster(operation: str, device_kind: str) -> Roster:
+    from farm_kernels import registry
+
+    return registry.get(operation).tunable(device_kind).roster()
+
+
+class SpaceSearch:
+    """The listed candidates' groups, then the spaces in rounds; see the module docstring. ``rosters``: how a
+    problem's roster is found (default: the kernel registry's tunable set for the operation and device kind)."""
+
+    def __init__(self, policy: StackPolicy, rosters: Callable[[str, str], Roster] | None = None) -> None:
+        self.policy = policy
+        self.rosters: Callable[[str, str], Roster] = rosters or _roster
+
+    def propose(self, plan: PlannedProblem, results: Mapping[str, GroupResult], in_flight: Collection[str],
+                capacity: int) -> Sequence[Ask]:
+        if any(t.group not in results for t in plan.tasks):
+            return PRIORITY_GROUPS.propose(plan, results, in_flight, capacity)
+        if in_flight or any(r.status == STATUS_NOT_TRIED for r in results.values()):
+            return ()  # wait for the round; or the budget is spent
+        roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
+        if not roster.has_spaces:
+            return ()
+        rounds: dict[int, list[tuple[int, float | None]]] = {}
+        for group, result in results.items():
+            parsed = parse_group(group)
+            if parsed is not None:
+                rounds.setdefault(parsed[0], []).append((parsed[1], self.ratio(roster, parsed[1], result)))
+        if sorted(rounds) != list(range(len(rounds))):
+            return ()  # a gap: these results are not this search's
+        try:
+            strategy = replay(make_strategy(roster, self.policy), [rounds[r] for r in range(len(rounds))])
+        except (ValueError, IndexError):
+            return ()  # stored rounds of another roster, policy or seed: nothing more to ask
+        asks = strategy.ask(max(1, capacity))
+        return [Ask(group_name(len(rounds), p), ((roster.names[p], roster[p].revision),)) for p in asks]
+
+    def ratio(self, roster: Roster, position: int, result: GroupResult) -> float | None:
+        """What the strategy is told of one config: its judged ratio, None when it failed or was not timed."""
+        if result.status != STATUS_OK:
+            return None
+        name = roster.names[position]
+        outcome = next((o for o in result.outcomes if o.name == name), None)
+        if outcome is None or outcome.verdict not in _TIMED or not outcome.pairs:
+            return None
+        return judge(outcome.pairs, self.policy).ratio

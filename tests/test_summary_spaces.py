@@ -1,0 +1,38 @@
+"""The CLI summary of space searches: "evaluated 60 of 10,240 configs (bayes, seed 0)" only under a partial search
+(a sampling strategy, max_configs, the budget), never a line per exhaustively searched problem."""
+
+from __future__ import annotations
+
+import farm
+from farm.stores.base import DecisionRecord
+from farm_cli.summary import partial_search, space_effort
+
+
+def record(candidates: list[dict[str, str]], **meta: object) -> DecisionRecord:
+    body = {"operation": "farmtest_space", "device_kind": "cpu", "candidates": candidates, **meta}
+    return DecisionRecord("k", 1, 0, "x", True, 0.5, 1.0, body)
+
+
+def test_an_in_process_record_says_its_own_counts_and_is_partial_only_when_it_sampled_or_was_bounded() -> None:
+    sampled = record([], strategy="bayes", seed=0, max_configs=60, evaluated=60, space_size=10240)
+    assert space_effort(sampled) == "evaluated 60 of 10,240 configs (bayes, seed 0)"
+    assert partial_search(sampled)
+    whole = record([], strategy="exhaustive", seed=0, max_configs=None, evaluated=7, space_size=8)
+    assert not partial_search(whole)
+
+
+def test_a_farm_record_is_counted_from_its_candidates_under_the_runs_strategy() -> None:
+    import farm_spaceops  # noqa: F401  (registers farmtest_space)
+
+    from farm_kernels import registry
+
+    registry.ensure_loaded(("farm_spaceops",))
+    judged = [{"name": "chunked[chunk=256,twice=True]", "note": "slower"},
+              {"name": "chunked[chunk=1024,twice=False]", "note": "selected"}]
+    policy = farm.StackPolicy(strategy="random", max_configs=2, seed=4)
+    farmed = record(judged)
+    assert space_effort(farmed, policy) == "evaluated 2 of 8 configs (random, seed 4)"
+    assert partial_search(farmed, policy) and not partial_search(farmed, farm.StackPolicy())
+    cut = record([*judged, {"name": "chunked[chunk=4096,twice=True]", "note": "not tried: the budget ran out"}])
+    assert partial_search(cut, farm.StackPolicy())
+    assert space_effort(cut, farm.StackPolicy()) == "evaluated 2 of 8 configs (exhaustive)"  # not tried: not counted
