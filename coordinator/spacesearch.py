@@ -38,7 +38,7 @@ def strategy_for(policy: StackPolicy) -> Strategy:
 
 
 def group_name(round_no: int, position: int) -> str:
-    """The group of one config of a round: ``s3.1042`` (the search's fourth round counting from 0, roster position 1042)."""
+    """The group of one config of a round: ``s3.1042`` (round index 3, roster position 1042)."""
     return f"s{round_no}.{position}"
 
 
