@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.identity import CacheKey
+from farm.jsontypes import JSONObject
 from farm.stores.archive import (
     Archive,
     ArchiveEntry,
@@ -134,10 +135,10 @@ class Diff:
     a: Archive
     b: Archive
     by_environment: bool
-    new: list[dict[str, Any]] = field(default_factory=list)
-    dropped: list[dict[str, Any]] = field(default_factory=list)
-    changed: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
-    updated: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+    new: list[JSONObject] = field(default_factory=list)
+    dropped: list[JSONObject] = field(default_factory=list)
+    changed: list[tuple[JSONObject, JSONObject]] = field(default_factory=list)
+    updated: list[tuple[JSONObject, JSONObject]] = field(default_factory=list)
     unchanged: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -212,14 +213,12 @@ def diff_table(diff: Diff) -> Any:
     def yes(v: Any) -> str:
         return "yes" if v else "no"
 
-    for r in diff.new:
-        table.add_row("new", r["operation"], spec(r), r["winner"], ratio(r["ratio"]), yes(r["verified"]),
-                      r["confirmation"] or "")
-    for r in diff.dropped:
-        table.add_row("dropped", r["operation"], spec(r), r["winner"], ratio(r["ratio"]), yes(r["verified"]),
-                      r["confirmation"] or "")
+    for kind, rows in (("new", diff.new), ("dropped", diff.dropped)):
+        for r in rows:
+            table.add_row(kind, str(r["operation"]), spec(r), str(r["winner"]), ratio(r["ratio"]), yes(r["verified"]),
+                          str(r["confirmation"] or ""))
     for kind, pairs in (("changed", diff.changed), ("updated", diff.updated)):
         for o, n in pairs:
-            table.add_row(kind, n["operation"], spec(n), was(o, n, "winner"), was(o, n, "ratio", ratio),
+            table.add_row(kind, str(n["operation"]), spec(n), was(o, n, "winner"), was(o, n, "ratio", ratio),
                           was(o, n, "verified", yes), was(o, n, "confirmation", lambda v: v or ""))
     return table

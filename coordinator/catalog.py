@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ConfigError, TuneFailure
+from farm.jsontypes import JSONObject
 from farm.policy import StackPolicy
 from farm_fleet.protocol import canonical_json
 
@@ -28,13 +29,13 @@ class Workload:
 
     operation: str
     devices: tuple[str, ...]
-    spec: dict[str, Any]
+    spec: JSONObject
     where: str
-    filled: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    filled: JSONObject | None = field(default=None, compare=False, repr=False)
     """The normalized spec, when the maker has it (a catalog normalizes every workload once, at load)."""
 
     @cached_property
-    def normalized(self) -> dict[str, Any]:
+    def normalized(self) -> JSONObject:
         """The spec with every default filled in: what identifies the problem (``seed = 0`` spelled out or left
         out is one problem) and what its group tasks carry to the workers. A workload made without it (by hand,
         from a fleet report) is normalized here, once."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from farm.errors import ConfigError, FarmError
 from farm.feedback import stream_key
+from farm.jsontypes import JSONObject
 from farm.policy import StackPolicy
 from farm.stores.redis import RedisDecisions
 from farm_coordinator.bans import RedisBans, new_ban, regressed_there_too
@@ -42,7 +43,7 @@ class FleetReport:
     kind: str
     operation: str
     device_kind: str
-    spec: dict[str, Any] | None
+    spec: JSONObject | None
     fingerprint: str
     host: str
     time: float
@@ -56,7 +57,7 @@ class Entry:
 
     operation: str
     device_kind: str
-    spec: dict[str, Any]
+    spec: JSONObject
     fingerprint: str
     hosts: set[str] = field(default_factory=set)
     reports: int = 0

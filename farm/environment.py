@@ -23,7 +23,7 @@ from pathlib import Path
 
 from farm.encoding import split_fields
 from farm.identity import DEFAULT_CONTEXT, fields
-from farm.runtimes.base import ComputeClient
+from farm.runtimes.base import DescribedDevice
 from farm.runtimes.host import regime_key
 
 DRIVER_TAG = "FARM_AUTOTUNE_DRIVER_TAG"
@@ -105,7 +105,7 @@ _memo: dict[tuple[type, str, str, tuple[int, ...]], RuntimeEnvironment] = {}
 _memo_lock = threading.Lock()
 
 
-def runtime_environment(client: ComputeClient) -> RuntimeEnvironment:
+def runtime_environment(client: DescribedDevice) -> RuntimeEnvironment:
     """Probe and memoize (bounded) the environment of ``client``. Deployment tags must be set before first use.
 
     The memo notices a change of the process's CPU set or of a loaded pool's size (``os.sched_setaffinity``,
@@ -123,7 +123,7 @@ def runtime_environment(client: ComputeClient) -> RuntimeEnvironment:
     return env
 
 
-def probe_environment(client: ComputeClient) -> RuntimeEnvironment:
+def probe_environment(client: DescribedDevice) -> RuntimeEnvironment:
     """Build the environment from the client and the FARM_AUTOTUNE_* tags (not memoized)."""
     driver_tag = os.environ.get(DRIVER_TAG) or None
     probed = client.driver_fingerprint()

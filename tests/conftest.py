@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import farm.interference
 from farm import adapter
 from farm.environment import clear_environment_memo
 
@@ -40,6 +41,9 @@ def _isolated_controller(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     monkeypatch.setenv("FARM_ALLOW_UNSIGNED", "1")
     for name in ("FARM_TRUSTED_KEYS", "FARM_SIGNING_KEY"):
         monkeypatch.delenv(name, raising=False)
+    # The host's scheduler must not decide a test: pairs timed in this process count no context switches
+    # (tests/test_interference.py proves the real counter and a probe that sees switches).
+    monkeypatch.setattr(farm.interference, "_switches", lambda: 0)
     yield
     adapter._uninstall_for_tests()
     clear_environment_memo()

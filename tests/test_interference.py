@@ -7,8 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 
+import farm.interference
 import farm.runtimes.cuda
-from farm.interference import THROTTLE_MASK, Interference, Probe, _nvml_probe, nvml_throttle_probe
+from farm.interference import (
+    THROTTLE_MASK,
+    Interference,
+    Probe,
+    _nvml_probe,
+    involuntary_switches,
+    nvml_throttle_probe,
+)
 
 
 def test_a_probe_counts_pairs_and_marks_throttled_ones_disturbed() -> None:
@@ -68,3 +76,22 @@ def test_without_nvml_a_cuda_client_has_no_probe(monkeypatch: pytest.MonkeyPatch
         assert nvml_throttle_probe(SimpleNamespace(device_kind="cuda", index=0)) is None
     finally:
         _nvml_probe.cache_clear()
+
+
+def test_the_real_counter_reads_this_process_s_involuntary_switches() -> None:
+    import resource
+
+    before = involuntary_switches()
+    assert isinstance(before, int) and before <= resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+    assert involuntary_switches() >= before
+
+
+def test_a_pair_during_which_the_process_was_switched_out_is_disturbed(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([10, 10, 10, 13, 13, 13])  # begin/end of three pairs: the second saw three switches
+    monkeypatch.setattr(farm.interference, "_switches", lambda: next(readings))
+    probe = Probe()
+    for _ in range(3):
+        probe.begin()
+        probe.end()
+    result = probe.result([1.0, 1.0, 1.0])
+    assert (result.pairs, result.disturbed, result.switches, result.throttled) == (3, 1, 3, 0)

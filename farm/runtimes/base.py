@@ -18,14 +18,19 @@ from farm.errors import DeviceBusy, TuneFailure
 T = TypeVar("T")  # what a profiled callable returns
 
 
-class ComputeClient(Protocol):
-    """One device. ``flush`` submits queued work (raising = a submission error), ``sync`` waits for completion
-    (raising = a device failure), ``exclusive`` holds the device against other threads AND processes,
-    ``profile`` runs a callable and returns ``(output, device_seconds)``."""
+class DeviceIdentity(Protocol):
+    """What names a device: its backend (``cpu``, ``cuda``), its id in this process and its kind."""
 
     backend: str
     device_id: str
     device_kind: str
+
+
+class TimedDevice(DeviceIdentity, Protocol):
+    """A device trials run on. ``flush`` submits queued work (raising = a submission error), ``sync`` waits for
+    completion (raising = a device failure), ``exclusive`` holds the device against other threads AND processes,
+    ``activate`` makes it current for the calling thread, ``profile`` runs a callable and returns
+    ``(output, device_seconds)``."""
 
     def flush(self) -> None: ...
 
@@ -39,6 +44,11 @@ class ComputeClient(Protocol):
         """``fn()`` and the seconds it took on this device."""
         ...
 
+
+class DescribedDevice(DeviceIdentity, Protocol):
+    """A device as its environment fingerprint sees it (farm.environment): what distinguishes one SKU, driver,
+    compiler and runtime configuration from another."""
+
     def properties_fingerprint(self) -> str: ...
 
     def model(self) -> str:
@@ -50,6 +60,11 @@ class ComputeClient(Protocol):
     def compiler(self) -> str: ...
 
     def runtime_options(self) -> str: ...
+
+
+class ComputeClient(TimedDevice, DescribedDevice, Protocol):
+    """One device as the runtime adapters hold it: timed (trials) and described (its environment). Code that needs
+    only one side takes ``TimedDevice`` or ``DescribedDevice``."""
 
 
 def parse_device(device: str) -> tuple[str, int]:
