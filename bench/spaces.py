@@ -14,8 +14,9 @@ overhead of a space of a million configs, and the farm searching one space with 
   40-candidate list (scripted, zero-cost trials): added seconds and added peak memory.
 
 - ``farm``: a private redis-server and real `farm worker` processes (cpu:0, then cpu:0 and cpu:1) searching the
-  test space ``farmtest_space`` (tests/farm_spaceops.py) in rounds with ``random``: wall seconds of each run,
-  configs evaluated, and the speedup of 2 workers over 1 (a round is as wide as the live devices).
+  space ``bench_space`` (bench/bench_ops.py: configs of known cost, busy waits) in rounds with ``random`` and
+  ``max_configs=48``: wall seconds of each run, configs evaluated, and the speedup of 2 workers over 1 (a round
+  is as wide as the live devices).
 
     .venv/bin/python bench/spaces.py [--seeds 10] [--budget 60] [--quick] [--only farm]
 """
@@ -136,14 +137,15 @@ def run_host(seeds: int, evaluations: int, names: list[str]) -> None:
         print(f"{name:<17} {'exhaustive':<11} {ratios.get(full.name, 1.0) / best:>10.3f} {full.report.evaluated:>10} "
               f"{full.report.space_size:>5} {time.perf_counter() - started:>8.2f}")
         for strategy in ("random", "bayes"):
-            rel, seconds = [], []
+            rel, seconds, evaluated = [], [], []
             for seed in range(seeds):
                 started = time.perf_counter()
                 tuned = farm.tune(op.host, inputs, device=client,
                                   policy=base.replace(strategy=strategy, seed=seed, max_configs=evaluations))
                 seconds.append(time.perf_counter() - started)
                 rel.append(ratios.get(tuned.name, 1.0) / best)  # the exhaustive run's ratio is the cost table
-            print(f"{name:<17} {strategy:<11} {statistics.median(rel):>10.3f} {evaluations:>10} "
+                evaluated.append(tuned.report.evaluated if tuned.report is not None else 0)
+            print(f"{name:<17} {strategy:<11} {statistics.median(rel):>10.3f} {statistics.median(evaluated):>10.0f} "
                   f"{full.report.space_size:>5} {statistics.median(seconds):>8.2f}")
 
 
@@ -183,43 +185,47 @@ def run_farm(max_configs: int) -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    sys.path[:0] = [str(root / "tests")]
+    sys.path[:0] = [str(root / "tests"), str(root / "bench")]
     from servers import farm_env, redis_server, start_worker, wait_worker_ready
 
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
     from farm_fleet.settings import Settings
 
-    print(f"\nfarm: farmtest_space (8 configs, 7 feasible), random, max_configs={max_configs}, one private redis-server")
+    print(f"\nfarm: bench_space (96 configs, bench/bench_ops.py: 10-16 ms each against a 20 ms reference), random, "
+          f"max_configs={max_configs}, one private redis-server")
     walls: dict[int, float] = {}
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as tmp, redis_server(Path(tmp) / "redis") as redis:
             directory = Path(tmp)
-            env = farm_env({"FARM_PREFIX": f"bench{workers}"})
+            env = farm_env({"FARM_PREFIX": f"bench{workers}",
+                            "PYTHONPATH": os.pathsep.join([str(root / "bench"), farm_env()["PYTHONPATH"]])})
             settings = Settings.from_env(env, broker_url=redis.url(0), redis_url=redis.url(1))
             catalog = directory / "space.toml"
-            catalog.write_text(f'[policy]\nsamples = 5\nwarmups = 1\nbudget = 3.0\nmax_relative_mad = 1.0\n'
+            catalog.write_text(f'[policy]\nsamples = 5\nwarmups = 1\nbudget = 600.0\nmax_relative_mad = 1.0\n'
                                f'strategy = "random"\nmax_configs = {max_configs}\nseed = 0\n\n[[problems]]\n'
-                               f'operation = "farmtest_space"\nworkloads = [{{ n = 200000, dtype = "float64" }}]\n')
-            started = [start_worker(f"cpu:{i}", redis.url(0), redis.url(1), directory, env,
-                                    kernels=("farm_spaceops",)) for i in range(workers)]
+                               f'operation = "bench_space"\nworkloads = [{{ n = 64, dtype = "float64" }}]\n')
+            started = [start_worker(f"cpu:{i}", redis.url(0), redis.url(1), directory, env, kernels=("bench_ops",))
+                       for i in range(workers)]
             try:
                 for worker in started:
                     wait_worker_ready(worker, redis.client(1), settings.prefix)
                 from farm_cli import celery_parts
 
                 quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
-                summary = tune(load_catalog(catalog, ("farm_spaceops",)), settings=settings, console=quiet,
+                summary = tune(load_catalog(catalog, ("bench_ops",)), settings=settings, console=quiet,
                                **celery_parts(settings))
             finally:
                 for worker in started:
                     worker.stop()
         agg = summary.aggregates[0]
         spaced = sum(1 for g in agg.results if g.startswith("s"))
+        rounds = len({g.split(".")[0] for g in agg.results if g.startswith("s")})
         walls[workers] = summary.wall_seconds
-        print(f"  {workers} worker(s): {summary.wall_seconds:6.2f} s wall, {spaced} configs evaluated, "
-              f"winner {agg.winner}")
-    print(f"  2 workers / 1 worker speedup: {walls[1] / walls[2]:.2f}x")
+        print(f"  {workers} worker(s): {summary.wall_seconds:6.2f} s wall, {spaced} configs evaluated in {rounds} "
+              f"rounds, winner {agg.winner}")
+    speedup = walls[1] / walls[2]
+    print(f"  2 workers / 1 worker speedup: {speedup:.2f}x (target >= 1.8x: {'met' if speedup >= 1.8 else 'not met'})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         "known": lambda: run_known(seeds, evaluations),
         "host": lambda: run_host(max(1, seeds // 3), max(3, evaluations // 6), names),
         "million": lambda: run_million(40),
-        "farm": lambda: run_farm(4 if args.quick else 6),
+        "farm": lambda: run_farm(8 if args.quick else 48),
     }
     for name, part in parts.items():
         if args.only in (None, name):

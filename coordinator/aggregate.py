@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,9 @@ META_FIELDS = (
     "accuracy_key", "farm_version", "workers", "candidates", "tuned_by", "confirmation", "confirmed_by",
     "confirmation_ratio", "rejected_winner",
 )
+# A problem tuned over a space adds the search's effort (as the in-process search records it, farm.spacesearch):
+# the run's strategy, seed and max_configs, the space configs judged and how many its spaces declare.
+SPACE_FIELDS = ("strategy", "seed", "max_configs", "evaluated", "space_size")
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,25 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     }
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
+    meta.update(space_effort(first.cache_key, outcomes.values(), policy))
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
                      worker_of.get(winner), budget_exhausted, by_group)
+
+
+def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolicy) -> dict[str, Any]:
+    """The :data:`SPACE_FIELDS` of a decision over a key with spaces (none for a plain list): the configs judged
+    are those with an outcome the budget did not cut (``not tried``)."""
+    try:
+        roster = KeyRoster.of_key(cache_key)
+    except ValueError:
+        return {}
+    size = roster.space_size
+    if not size:
+        return {}
+    evaluated = sum(1 for o in outcomes if roster.in_space(o.index) and o.verdict is not TrialVerdict.NOT_TRIED)
+    return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
+            "evaluated": evaluated, "space_size": size}
 
 
 def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], error: str, trial_seconds: float) -> Aggregate:

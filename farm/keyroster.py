@@ -170,6 +170,21 @@ class KeyRoster:
             return self.entries[segment]
         return shape.config_name(position - self._starts[segment])
 
+    @property
+    def space_size(self) -> int | None:
+        """How many configs the key's spaces declare (0 without spaces); None when a descriptor is hashed."""
+        if not self.sized:
+            return None
+        return sum(shape.size for shape in self._shapes if shape is not None)
+
+    def in_space(self, position: int) -> bool:
+        """Whether ``position`` is a space's config (not the reference or a listed candidate)."""
+        if not self.in_range(position):
+            return False
+        if position >= self._length:
+            return True  # past a hashed descriptor: only spaces are hashed
+        return self._shapes[bisect.bisect_right(self._starts, position) - 1] is not None
+
     def position(self, name: str) -> int | None:
         """The position of the candidate called ``name`` (a listed name or a config's canonical name), or None."""
         for start, shape, entry in zip(self._starts, self._shapes, self.entries, strict=False):

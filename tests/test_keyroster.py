@@ -32,6 +32,16 @@ def test_every_position_of_a_key_is_named_as_the_space_names_its_config() -> Non
         roster.name(len(ROSTER))
 
 
+def test_a_key_roster_tells_space_configs_from_listed_candidates_and_counts_them() -> None:
+    roster = KeyRoster(ENTRIES)
+    assert roster.space_size == SPACE.size == 12
+    assert [p for p in range(len(roster)) if roster.in_space(p)] == list(range(1, 13))
+    assert not roster.in_space(-1) and not roster.in_space(len(ROSTER))
+    assert KeyRoster(["ref", "plain"]).space_size == 0
+    hashed = KeyRoster(["ref", "big[sha256:" + "0" * 64 + "]"])
+    assert hashed.space_size is None and hashed.in_space(7) and not hashed.in_space(0)
+
+
 def test_a_listed_name_is_not_a_descriptor_and_a_hashed_descriptor_hides_the_positions_past_it() -> None:
     assert parse_descriptor("fast") is None and parse_descriptor("x[a=1") is None
     assert parse_descriptor("x[a=1|2] trailing") is None

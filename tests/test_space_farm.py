@@ -43,6 +43,9 @@ def test_the_embedded_farm_tunes_every_config_of_a_space_and_the_runtime_reuses_
     assert set(tried) == feasible
     assert tried["chunked[chunk=7,twice=False]"].startswith("rejected: wrong output")
     assert record.name in feasible - {"chunked[chunk=7,twice=False]"}
+    # The farm's record carries the search's effort as the in-process search's does (docs/spaces.md).
+    effort = {k: record.meta[k] for k in ("strategy", "max_configs", "evaluated", "space_size")}
+    assert effort == {"strategy": "exhaustive", "max_configs": None, "evaluated": 7, "space_size": 8}
 
     from farm_kernels import registry
 
