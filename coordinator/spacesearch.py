@@ -1,16 +1,23 @@
-"""The farm's search of a tunable set's spaces in rounds: a coordinator :class:`~farm_coordinator.strategy.Strategy`
-around ``farm.strategies`` (exhaustive, random or bayes, ``max_configs``, ``seed`` from the catalog's [policy]).
+"""The farm's search of a tunable set's spaces: a coordinator :class:`~farm_coordinator.strategy.Strategy` around
+``farm.strategies`` (exhaustive, random or bayes, ``max_configs``, ``seed`` from the catalog's [policy]).
 
 The plan names the listed candidates (``plan_groups`` leaves the spaces out when :func:`searches_spaces`); they run
-first, group after group, as with :class:`~farm_coordinator.strategy.PriorityGroups`. Then the spaces are searched
-in rounds: a round asks the ask/tell strategy for ``capacity`` configs (the live devices of the fingerprint), each
-sent as its own group task named ``s<round>.<position>``; once every group of the round has a result, the results
-are told (a ratio, or None for a config that failed or lost) and the next round is asked. The search ends when
-the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a round NOT_TRIED.
+first, group after group, as with :class:`~farm_coordinator.strategy.PriorityGroups`. Then the spaces are searched,
+each config sent as its own group task named ``s<round>.<position>``, at most ``capacity`` (the live devices of the
+fingerprint) in flight at once:
 
-Pure in its inputs: each ``propose`` builds the strategy afresh and replays the rounds the group names and results
-show (``farm.strategies.replay``), so a coordinator killed mid-search and restarted asks the same groups again and
-reuses their stored results (``coordinator/run.py`` looks stored results up before it sends a strategy's group).
+- a strategy whose proposals do not depend on results (exhaustive, random) is asked for configs whenever a device
+  is free: its groups are all named ``s0.<position>`` and the configs it proposed are recomputed from a fresh
+  strategy (the same seed gives the same sequence), so a device never waits for the slowest config of a batch;
+- an adaptive strategy (bayes) is searched in rounds: a round asks for ``capacity`` configs; once every group of
+  the round has a result the results are told (a ratio, or None for a config that failed or lost) and the next
+  round is asked.
+
+The search ends when the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a
+group NOT_TRIED. Pure in its inputs: each ``propose`` builds the strategy afresh and brings it to where the group
+names and results show (``farm.strategies.replay`` for rounds), so a coordinator killed mid-search and restarted
+asks the same groups again and reuses their stored results (``coordinator/run.py`` looks stored results up
+before it sends a strategy's group); a config asked before the kill whose result never came is asked again.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.scoring import judge
+from farm.strategies import Strategy as FarmStrategy
 from farm.strategies import make_strategy, replay
 from farm.trials import TrialVerdict
 from farm_coordinator.plan import PlannedProblem, searches_spaces
@@ -67,11 +75,17 @@ class SpaceSearch:
                 capacity: int) -> Sequence[Ask]:
         if any(t.group not in results for t in plan.tasks):
             return PRIORITY_GROUPS.propose(plan, results, in_flight, capacity)
-        if in_flight or any(r.status == STATUS_NOT_TRIED for r in results.values()):
-            return ()  # wait for the round; or the budget is spent
+        if any(r.status == STATUS_NOT_TRIED for r in results.values()):
+            return ()  # the budget is spent
         roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
         if not roster.has_spaces:
             return ()
+        strategy = make_strategy(roster, self.policy)
+        pending = [g for g in in_flight if parse_group(g) is not None]
+        if not strategy.adaptive:
+            return self._free(roster, strategy, results, pending, capacity)
+        if pending:
+            return ()  # wait for the round
         rounds: dict[int, list[tuple[int, float | None]]] = {}
         for group, result in results.items():
             parsed = parse_group(group)
@@ -80,11 +94,34 @@ class SpaceSearch:
         if sorted(rounds) != list(range(len(rounds))):
             return ()  # a gap: these results are not this search's
         try:
-            strategy = replay(make_strategy(roster, self.policy), [rounds[r] for r in range(len(rounds))])
+            strategy = replay(strategy, [rounds[r] for r in range(len(rounds))])
         except (ValueError, IndexError):
             return ()  # stored rounds of another roster, policy or seed: nothing more to ask
         asks = strategy.ask(max(1, capacity))
         return [Ask(group_name(len(rounds), p), ((roster.names[p], roster[p].revision),)) for p in asks]
+
+    @staticmethod
+    def _free(roster: Roster, strategy: FarmStrategy, results: Mapping[str, GroupResult], pending: Sequence[str],
+              capacity: int) -> Sequence[Ask]:
+        """A non-adaptive strategy's next configs for the free devices: those it proposed that have neither a
+        result nor a group in flight (asked before a restart), then new ones."""
+        free = max(1, capacity) - len(pending)
+        if free <= 0:
+            return ()
+        known = {parsed[1] for g in (*results, *pending) if (parsed := parse_group(g)) is not None}
+        # The strategy's sequence up to every known config: at most ``capacity`` configs were in flight when a
+        # coordinator stopped, so the holes are few; beyond that the groups are another search's.
+        proposed: list[int] = []
+        while (missing := len(known - set(proposed))) and len(proposed) <= len(known) + 2 * max(1, capacity):
+            more = strategy.ask(missing)
+            if not more:
+                break
+            proposed += more
+        if not known <= set(proposed):
+            return ()  # groups of another roster, policy or seed: nothing more to ask
+        asks = [p for p in proposed if p not in known][:free]
+        asks += strategy.ask(free - len(asks)) if len(asks) < free else []
+        return [Ask(group_name(0, p), ((roster.names[p], roster[p].revision),)) for p in asks]
 
     def ratio(self, roster: Roster, position: int, result: GroupResult) -> float | None:
         """What the strategy is told of one config: its judged ratio, None when it failed or was not timed."""

@@ -39,6 +39,7 @@ class Strategy(Protocol):
     """The ask/tell port every strategy implements."""
 
     name: str
+    adaptive: bool  # whether ``tell`` changes what ``ask`` proposes next
 
     def ask(self, n: int) -> list[int]: ...
 
@@ -85,6 +86,7 @@ class _Budgeted:
     """What every strategy shares: the roster, the proposal limit, the proposed set, feasibility checks."""
 
     name = ""
+    adaptive = False
 
     def __init__(self, roster: Roster, max_configs: int | None, exclude: Exclude) -> None:
         self.roster = roster
@@ -197,6 +199,7 @@ class Bayes(_Budgeted):
     rejections per config, or once half the space is proposed, the rest is walked from a seeded start."""
 
     name = "bayes"
+    adaptive = True
 
     def __init__(self, roster: Roster, max_configs: int | None, seed: int, exclude: Exclude) -> None:
         super().__init__(roster, max_configs, exclude)

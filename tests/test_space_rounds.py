@@ -55,15 +55,41 @@ def test_the_run_uses_the_space_search_only_for_a_policy_that_bounds_or_samples_
     assert isinstance(strategy_for(StackPolicy(max_configs=3)), SpaceSearch)
 
 
-def test_the_planned_groups_run_first_then_rounds_sized_to_the_capacity() -> None:
+def test_the_planned_groups_run_first_then_as_many_configs_as_the_capacity() -> None:
     s, plan = search("random", 5), plan_of()
     assert [a.group for a in s.propose(plan, {}, frozenset(), 2)] == ["g0"]
     told = {"g0": result("g0", ["slow_reference"])}
     first = s.propose(plan, told, frozenset(), 2)
     assert len(first) == 2 and all(parse_group(a.group)[0] == 0 for a in first)  # type: ignore[index]
     assert all(len(a.candidates) == 1 and a.candidates[0][0].startswith("chunked[") for a in first)
-    # While a group of the round is in flight, nothing more is asked.
-    assert s.propose(plan, told, frozenset({first[0].group}), 2) == ()
+    # Every device busy: nothing more is asked. One result back: a random search asks one config for the free
+    # device at once (its proposals do not depend on results), without waiting for the other.
+    assert s.propose(plan, told, frozenset(a.group for a in first), 2) == ()
+    told[first[0].group] = result(first[0].group, [first[0].candidates[0][0]])
+    (third,) = s.propose(plan, told, frozenset({first[1].group}), 2)
+    assert third.group not in {a.group for a in first} and parse_group(third.group)[0] == 0  # type: ignore[index]
+
+
+def test_an_adaptive_search_waits_for_its_round() -> None:
+    pytest.importorskip("optuna")
+    s, plan = search("bayes", 5), plan_of()
+    told = {"g0": result("g0", ["slow_reference"])}
+    first = s.propose(plan, told, frozenset(), 2)
+    assert len(first) == 2 and {parse_group(a.group)[0] for a in first} == {0}  # type: ignore[index]
+    told[first[0].group] = result(first[0].group, [first[0].candidates[0][0]], TrialVerdict.PASSED)
+    assert s.propose(plan, told, frozenset({first[1].group}), 2) == ()
+    told[first[1].group] = result(first[1].group, [first[1].candidates[0][0]], TrialVerdict.PASSED)
+    assert {parse_group(a.group)[0] for a in s.propose(plan, told, frozenset(), 2)} == {1}  # type: ignore[index]
+
+
+def test_a_config_asked_before_a_restart_whose_result_never_came_is_asked_again() -> None:
+    s, plan = search("exhaustive", 4), plan_of()
+    told = {"g0": result("g0", ["slow_reference"])}
+    first = s.propose(plan, told, frozenset(), 2)
+    told[first[1].group] = result(first[1].group, [first[1].candidates[0][0]])
+    # Restarted: first[0] is neither stored nor in flight any more.
+    again = s.propose(plan, told, frozenset(), 2)
+    assert again[0] == first[0] and len(again) == 2 and again[1].group not in {a.group for a in first}
 
 
 def test_a_rebuilt_search_asks_the_same_groups_from_the_same_results() -> None:
