@@ -6,7 +6,8 @@ first, group after group, as with :class:`~farm_coordinator.strategy.PriorityGro
 in rounds: a round asks the ask/tell strategy for ``capacity`` configs (the live devices of the fingerprint), each
 sent as its own group task named ``s<round>.<position>``; once every group of the round has a result, the results
 are told (a ratio, or None for a config that failed or lost) and the next round is asked. The search ends when
-the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a round NOT_TRIED.
+the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a round NOT_TRIED. A config
+the compile stage rejected (the plan's REJECTED outcomes) is never asked.
 
 Pure in its inputs: each ``propose`` builds the strategy afresh and replays the rounds the group names and results
 show (``farm.strategies.replay``), so a coordinator killed mid-search and restarted asks the same groups again and
@@ -55,6 +56,13 @@ def _roster(operation: str, device_kind: str) -> Roster:
     return registry.get(operation).tunable(device_kind).roster()
 
 
+def rejected_positions(roster: Roster, plan: PlannedProblem) -> Callable[[int], bool] | None:
+    """The configs never to ask: those the compile stage rejected (the plan's REJECTED outcomes,
+    ``farm_coordinator.precompile``); None when there are none."""
+    names = {o.name for o in plan.skipped if o.verdict is TrialVerdict.REJECTED}
+    return (lambda position: roster.names[position] in names) if names else None
+
+
 class SpaceSearch:
     """The listed candidates' groups, then the spaces in rounds; see the module docstring. ``rosters``: how a
     problem's roster is found (default: the kernel registry's tunable set for the operation and device kind)."""
@@ -80,7 +88,8 @@ class SpaceSearch:
         if sorted(rounds) != list(range(len(rounds))):
             return ()  # a gap: these results are not this search's
         try:
-            strategy = replay(make_strategy(roster, self.policy), [rounds[r] for r in range(len(rounds))])
+            strategy = replay(make_strategy(roster, self.policy, rejected_positions(roster, plan)),
+                              [rounds[r] for r in range(len(rounds))])
         except (ValueError, IndexError):
             return ()  # stored rounds of another roster, policy or seed: nothing more to ask
         asks = strategy.ask(max(1, capacity))
