@@ -52,6 +52,16 @@ def arch_of(fingerprint: str) -> str | None:
     return found.group(1) if found else None
 
 
+def one_line(reason: str) -> str:
+    """A verdict as one line, the note a decision keeps: a resource verdict as it is; a compile error's first line
+    (``failed: FILE (ARCH, options ...): NVRTC_ERROR_COMPILATION``) and the first error line of NVRTC's log."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else reason
+    detail = next((line for line in lines[1:] if "error" in line.lower()), lines[1])
+    return f"{lines[0]}: {detail}"
+
+
 @dataclass
 class Precompiled:
     """What the compile stage of a run found: the rejected configs per target and operation, the summary of each
@@ -113,7 +123,8 @@ def precompile(catalog: Catalog, targets: Iterable[Target], compiler: Compiler, 
             continue
         summary = compiler(jobs_for(sets.values(), found))
         done.summaries[found] = summary
-        rejected = {op: dict(summary.rejected_configs(ts.name)) for op, ts in sets.items()}
+        rejected = {op: {name: one_line(reason) for name, reason in summary.rejected_configs(ts.name).items()}
+                    for op, ts in sets.items()}
         for target in its_targets:
             done.rejected[target.digest] = {op: names for op, names in rejected.items() if names}
         done.notes.append(f"compiled the CUDA spaces for {found} before sending: {summary.configs} configs, "

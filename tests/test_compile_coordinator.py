@@ -128,7 +128,7 @@ def test_a_rejected_config_is_a_verdict_naming_why_and_is_never_planned(compiled
     _, first, second = compiled
     rejected = first.for_target("a" * 16, "matmul")
     assert list(rejected) == [PRUNED] and rejected[PRUNED].startswith("infeasible: ")
-    assert "uses too much shared data" in rejected[PRUNED]
+    assert "uses too much shared data" in rejected[PRUNED] and "\x00" not in rejected[PRUNED]
     assert second.rejected == first.rejected  # a cached verdict rejects as the fresh one did
     (problem,) = expand(catalog_at(tmp_path / "c.toml"), [gpu()], "run", rejected=first.rejected)
     sent = {name for task in problem.tasks for name, _ in task.candidates}
@@ -277,3 +277,17 @@ def test_a_run_compiles_before_it_sends_and_never_sends_a_rejected_config(compil
     assert agg.record is not None and summary.published == 1
     notes = {c["name"]: c["note"] for c in agg.record.meta["candidates"]}
     assert notes[PRUNED] == f"rejected: {first.for_target('a' * 16, 'matmul')[PRUNED]}"
+
+
+def test_a_compile_errors_verdict_is_kept_as_one_line_with_nvrtcs_first_error() -> None:
+    skip_without_nvrtc()
+    from farm_kernels.cuda import CudaProgram
+    from farm_kernels.cuda import compile as stage
+
+    broken = CudaProgram("broken.cu", text='extern "C" __global__ void k_f32() {\n  undefined_symbol();\n}\n')
+    entry = stage.compile_job(stage.program_job(broken, ARCH, "broken", ("k_f32",)))
+    line = precompile.one_line(entry.reason)
+    assert "\n" not in line and line.startswith("failed: broken.cu (sm_90")
+    assert "NVRTC_ERROR_COMPILATION" in line and "undefined_symbol" in line and "error" in line
+    resource = "infeasible: k_f32: 96 registers x 1024 threads = 98304 > 65536 per block"
+    assert precompile.one_line(resource) == resource
