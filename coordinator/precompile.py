@@ -9,8 +9,9 @@ is the :data:`Compiler`'s affair (the composition root picks one): the fleet's `
 (:func:`local_compiler`), both storing into the fleet's kernel cache, so a second run compiles nothing.
 
 The configs the stage rejects (infeasible by resources, compile errors) are never sent to a GPU worker: the
-planner turns each into an Outcome REJECTED whose note is the stage's verdict (``infeasible: gemm_space_f32: 99
-registers x 1024 threads = 101376 > 65536 per block``, ``failed: NVRTC_ERROR_COMPILATION ...``), planned out of its
+planner turns each into an Outcome REJECTED whose note is the stage's verdict (``infeasible: gemm_space_f32: 96
+registers x 1024 threads = 98304 > 65536 per block``, ``failed: FILE (sm_90, options ...): NVRTC_ERROR_COMPILATION:
+FILE(2): error: ...``, one line), planned out of its
 group like a banned candidate (``farm_coordinator.plan``) and left out of a space search's asks
 (``farm_coordinator.spacesearch``); the decision's candidate list carries it as ``rejected: infeasible: ...``.
 """
@@ -37,10 +38,6 @@ _ARCH = re.compile(r"(?:^|;\s*)(sm_\d+)\s*(?:;|$)")
 Compiler = Callable[[Sequence["CompileJob"]], "CompileSummary"]
 """Compiles a run's jobs (or serves them from the kernel cache) and returns the stage's summary."""
 
-Rejected = Mapping[str, Mapping[str, Mapping[str, str]]]
-"""Fingerprint digest -> operation -> candidate name (``gemm[tile=64,coarsen=16]``) -> the stage's verdict."""
-
-
 Precompiler = Callable[[Catalog, list[Target]], "Precompiled"]
 """What a run calls before it plans (``farm_coordinator.run.tune(precompile=...)``): :func:`precompile` bound to
 the run's compiler and architecture (:func:`stage`)."""
@@ -64,8 +61,8 @@ def one_line(reason: str) -> str:
 
 @dataclass
 class Precompiled:
-    """What the compile stage of a run found: the rejected configs per target and operation, the summary of each
-    architecture compiled, and the notes to print (one line each)."""
+    """What the compile stage of a run found: ``rejected`` (fingerprint digest -> operation -> candidate name ->
+    its verdict, one line), the summary of each architecture compiled, and the notes to print (one line each)."""
 
     rejected: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     summaries: dict[str, CompileSummary] = field(default_factory=dict)
