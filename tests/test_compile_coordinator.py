@@ -243,6 +243,7 @@ class OneGpuFleet:
 def test_a_run_compiles_before_it_sends_and_never_sends_a_rejected_config(compiled: Any, tmp_path: Path) -> None:
     from rich.console import Console
 
+    from farm_coordinator.aggregate import trial_rows
     from farm_coordinator.dispatch import LocalDispatcher
     from farm_coordinator.run import tune
     from farm_coordinator.sinks import DirectorySink
@@ -277,6 +278,8 @@ def test_a_run_compiles_before_it_sends_and_never_sends_a_rejected_config(compil
     assert agg.record is not None and summary.published == 1
     notes = {c["name"]: c["note"] for c in agg.record.meta["candidates"]}
     assert notes[PRUNED] == f"rejected: {first.for_target('a' * 16, 'matmul')[PRUNED]}"
+    (row,) = [r for r in trial_rows(agg) if r["candidate"] == PRUNED]  # with the trials, though never sent
+    assert (row["group"], row["verdict"], row["note"], row["pair"]) == ("compile", "rejected", notes[PRUNED], None)
 
 
 def test_a_compile_errors_verdict_is_kept_as_one_line_with_nvrtcs_first_error() -> None:
