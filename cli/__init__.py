@@ -11,6 +11,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,7 +21,7 @@ from farm.errors import FarmError
 from farm_cli.devices import check_device
 from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS_SCHEMES, check_url, errors
 from farm_cli.logs import LEVELS, setup_logging
-from farm_cli.parts import Parts, celery_parts, embedded_parts, reachable
+from farm_cli.parts import Parts, celery_parts, compile_stage, embedded_parts, reachable
 from farm_fleet.settings import Settings
 
 if TYPE_CHECKING:  # types only
@@ -128,9 +129,14 @@ def main() -> None:
 @click.option("--log-json", is_flag=True, help="Log JSON lines on stderr (progress, warnings) for log collectors.")
 @click.option("--from-fleet", is_flag=True, help="Tune what applications reported missing or regressed (the reports "
               "stream in --redis); CATALOG, if given, supplies only the [policy]. See docs/farm.md, Fleet feedback.")
+@click.option("--arch", help="Compile the CUDA spaces for this architecture (sm_90) before sending their trials "
+              "(default: each CUDA fingerprint's). See docs/compile.md.")
+@click.option("--kernel-cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Kernel cache directory "
+              "for that compile stage (default: the fleet's Redis; embedded: $FARM_KERNEL_CACHE or ~/.cache/farm/kernels).")
 def tune(catalog: Path | None, broker: str | None, redis_url: str | None, fingerprint: str | None, force: bool,
          kernels: tuple[str, ...], cache_dir: Path, devices: tuple[str, ...], run_id: str | None,
-         timeout: float | None, as_json: bool, loglevel: str, log_json: bool, from_fleet: bool) -> None:
+         timeout: float | None, as_json: bool, loglevel: str, log_json: bool, from_fleet: bool, arch: str | None,
+         kernel_cache_dir: Path | None) -> None:
     """Tune every problem of CATALOG on the fleet (or, without --broker, on this machine).
 
     Exit status 0 when every problem has a decision, 1 when some failed (rerun the same command to retry them;
@@ -160,8 +166,13 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             if not broker:
                 for device in devices:
                     check_device(device)
+            if arch is not None:
+                from farm_kernels.cuda.compile import check_arch
+
+                check_arch(arch)  # before the catalog and the servers, as farm compile does
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
             parts = celery_parts(settings) if broker else embedded_parts(settings, devices, cache_dir, kernels)
+            parts = replace(parts, precompile=compile_stage(settings, bool(broker), arch, kernel_cache_dir, devices))
             if parts.runlog is not None:  # a fleet run: count into the farm's metrics (farm metrics serves them)
                 from farm_coordinator.metrics import RunMetrics
 

@@ -13,17 +13,19 @@ if TYPE_CHECKING:  # types only: the parts are imported where they are built
     from farm_coordinator.catalog import Catalog
     from farm_coordinator.dispatch import Dispatcher
     from farm_coordinator.ports import Bans
+    from farm_coordinator.precompile import Precompiler
     from farm_coordinator.run import Fleet, Leases, Results, RunSummary
     from farm_coordinator.runlog import RedisRunLog
     from farm_coordinator.sinks import Sink
 
-__all__ = ["Parts", "celery_parts", "embedded_parts", "reachable"]
+__all__ = ["Parts", "celery_parts", "compile_stage", "embedded_parts", "reachable"]
 
 
 @dataclass(frozen=True)
 class Parts:
     """What ``farm_coordinator.run.tune`` runs on besides the catalog and the settings. A Celery fleet has every
-    part; the embedded farm has no leases, shared results, run log or bans (None)."""
+    part; the embedded farm has no leases, shared results, run log or bans (None). ``precompile``: the compile stage
+    run before any group is sent (:func:`compile_stage`), None for none."""
 
     fleet: Fleet
     dispatcher: Dispatcher
@@ -32,6 +34,7 @@ class Parts:
     results: Results | None = None
     runlog: RedisRunLog | None = None
     bans: Bans | None = None
+    precompile: Precompiler | None = None
 
     def keys(self) -> list[str]:
         """The parts this farm has (the fields not None): with :meth:`__getitem__`, ``tune(catalog,
@@ -48,7 +51,7 @@ class Parts:
         from farm_coordinator.run import tune
 
         return tune(catalog, self.fleet, self.dispatcher, self.sink, settings, leases=self.leases,
-                    results=self.results, runlog=self.runlog, bans=self.bans, **options)
+                    results=self.results, runlog=self.runlog, bans=self.bans, precompile=self.precompile, **options)
 
 
 def reachable(settings: Settings) -> None:
@@ -148,3 +151,28 @@ def embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path
         return result
 
     return Parts(fleet=fleet, dispatcher=LocalDispatcher(execute), sink=DirectorySink(cache_dir))
+
+
+def compile_stage(settings: Settings, fleet: bool, arch: str | None, kernel_cache_dir: Path | None = None,
+                  devices: tuple[str, ...] = ()) -> Precompiler:
+    """The run's compile stage (``farm_coordinator.precompile``) for ``arch`` (None: each CUDA fingerprint's). A
+    fleet run stores into the fleet's kernel cache, the Redis of ``settings`` (on the ``compile`` queue when
+    ``farm worker --compile`` serves it, else a process pool here); the embedded farm, or ``kernel_cache_dir``,
+    into that directory ($FARM_KERNEL_CACHE, else ~/.cache/farm/kernels), which the embedded farm's CUDA
+    ``devices`` then load their cubins from."""
+    import os
+
+    from farm_coordinator import precompile
+    from farm_kernels.cuda.compile import use_kernel_cache
+    from farm_kernels.cuda.kcache import open_cache
+
+    processes = len(os.sched_getaffinity(0))
+    if fleet and kernel_cache_dir is None and settings.redis_url:
+        cache = open_cache(redis_url=settings.redis_url)
+        compiler = precompile.fleet_compiler(settings, cache, processes)
+    else:
+        cache = open_cache(kernel_cache_dir)
+        compiler = precompile.local_compiler(cache, processes)
+        if not fleet and any(d.startswith("cuda") for d in devices):
+            use_kernel_cache(cache)
+    return precompile.stage(compiler, arch, cache.describe())

@@ -191,7 +191,19 @@ def trial_rows(agg: Aggregate) -> list[dict[str, Any]]:
                 rows.append({**common, "pair": None, "reference_seconds": None, "candidate_seconds": None})
             for i, (ref_s, cand_s) in enumerate(o.pairs):
                 rows.append({**common, "pair": i, "reference_seconds": ref_s, "candidate_seconds": cand_s})
+    rows += rejected_rows(agg, results[0].run if results else "")
     return rows
+
+
+def rejected_rows(agg: Aggregate, run: str) -> list[dict[str, Any]]:
+    """One row (group ``compile``, no pair) per config the compile stage rejected before any group was sent
+    (``farm_coordinator.precompile``): its verdict is on record with the trials, though no worker saw it."""
+    index = {j.name: j.index for j in agg.judged}
+    return [{"run": run, "problem_id": agg.problem.problem_id, "group": "compile", "host": None, "device": None,
+             "worker": None, "attempt": None, "role": "candidate", "candidate": o.name,
+             "candidate_index": index.get(o.name, o.index), "verdict": o.kind.value, "note": o.failure, "pair": None,
+             "reference_seconds": None, "candidate_seconds": None, "max_abs_error": None, "max_rel_error": None}
+            for o in agg.problem.skipped if o.verdict is TrialVerdict.REJECTED]
 
 
 def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggregate:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from farm.policy import StackPolicy
 from farm.search import admit
-from farm.trials import Outcome
+from farm.trials import Outcome, TrialVerdict
 from farm_coordinator.catalog import Catalog, Workload
 from farm_fleet.protocol import REFERENCE_GROUP, GroupTask, problem_id
 
@@ -80,10 +80,13 @@ def searches_spaces(policy: StackPolicy) -> bool:
     return policy.strategy != "exhaustive" or policy.max_configs is not None
 
 
-def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = ()) -> Groups:
+def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = (),
+                rejected: Mapping[str, str] | None = None) -> Groups:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
     try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes.
-    Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here."""
+    Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here.
+    ``rejected``: configs the compile stage rejected (name -> its verdict, ``farm_coordinator.precompile``), each
+    an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search)."""
     from farm_kernels import registry
 
     tunable = registry.get(operation).tunable(device_kind)
@@ -93,7 +96,20 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
     else:
         order = tunable.search_order()  # the cache key's candidate list: the reference first
     candidates = [tunable[i].candidate() for i in order]
-    admitted, refused = admit(candidates, 0, catalog.policy, banned=banned)
+    rejected = rejected or {}
+    planned_names = {c.name for c in candidates}
+    allowed = [p for p in range(len(candidates)) if p == 0 or candidates[p].name not in rejected]
+    admitted, refused = admit(candidates, 0, catalog.policy, order=allowed, banned=banned)
+    if rejected:
+        refused += [Outcome(p, candidates[p].name, verdict=TrialVerdict.REJECTED, note=rejected[candidates[p].name],
+                            revision=candidates[p].revision)
+                    for p in range(1, len(candidates)) if candidates[p].name in rejected]
+        roster = tunable.roster()
+        for name in sorted(set(rejected) - planned_names):  # a space's config, searched in rounds
+            position = roster.position(name)
+            if position is not None:
+                refused.append(Outcome(position, name, verdict=TrialVerdict.REJECTED, note=rejected[name],
+                                       revision=roster[position].revision))
     groups: dict[int, list[int]] = {}
     for position in admitted:
         groups.setdefault(tunable[order[position]].group, []).append(position)
@@ -111,13 +127,20 @@ class Planner:
     is taken). What depends only on the operation and device kind is planned once."""
 
     def __init__(self, catalog: Catalog, targets: list[Target], run: str,
-                 bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> None:
-        """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it."""
+                 bans: Mapping[str, Mapping[str, Collection[str]]] | None = None,
+                 rejected: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> None:
+        """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it. ``rejected``:
+        fingerprint digest -> operation -> the configs its compile stage rejected, with their verdicts
+        (``farm_coordinator.precompile``)."""
         self.catalog, self.targets, self.run = catalog, targets, run
         self.bans = bans or {}
+        self.rejected = rejected or {}
         self.policy_dict = catalog.policy.to_dict()
         self.accuracy = catalog.policy.accuracy_key()
-        self._groups: dict[tuple[str, str], Groups] = {}
+        self._groups: dict[tuple[str, str, str], Groups] = {}
+
+    def _rejected(self, target: Target, workload: Workload) -> Mapping[str, str]:
+        return self.rejected.get(target.digest, {}).get(workload.operation, {})
 
     def pairs(self) -> Iterator[tuple[Target, Workload]]:
         for target in self.targets:
@@ -126,10 +149,12 @@ class Planner:
                     yield target, workload
 
     def groups(self, target: Target, workload: Workload) -> Groups:
-        key = (workload.operation, target.device_kind)
+        rejected = self._rejected(target, workload)
+        key = (workload.operation, target.device_kind, target.digest if rejected else "")
         found = self._groups.get(key)
         if found is None:
-            found = self._groups[key] = plan_groups(workload.operation, target.device_kind, self.catalog)
+            found = self._groups[key] = plan_groups(workload.operation, target.device_kind, self.catalog,
+                                                    rejected=rejected)
         return found
 
     def problem_id(self, target: Target, workload: Workload) -> str:
@@ -145,7 +170,8 @@ class Planner:
         pid = pid or self.problem_id(target, workload)
         banned = self.bans.get(target.digest, {}).get(pid)
         if banned:
-            planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned)
+            planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned,
+                                  self._rejected(target, workload))
         tasks = tuple(GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
                                 self.policy_dict, target.digest, self.catalog.kernels)
                       for group, candidates in planned.groups)
@@ -153,9 +179,10 @@ class Planner:
 
 
 def expand(catalog: Catalog, targets: list[Target], run: str,
-           bans: Mapping[str, Mapping[str, Collection[str]]] | None = None) -> list[PlannedProblem]:
+           bans: Mapping[str, Mapping[str, Collection[str]]] | None = None,
+           rejected: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> list[PlannedProblem]:
     """Every problem of the run at once (small catalogs and tests; a run takes them one by one from a Planner)."""
-    planner = Planner(catalog, targets, run, bans)
+    planner = Planner(catalog, targets, run, bans, rejected)
     return [planner.problem(target, workload) for target, workload in planner.pairs()]
 
 

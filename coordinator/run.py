@@ -35,6 +35,7 @@ from farm_coordinator.endings import expire, interrupt
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
 from farm_coordinator.plan import PlannedProblem, Planner, batch_size, in_flight_limit
 from farm_coordinator.ports import Bans, Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
+from farm_coordinator.precompile import Precompiler
 from farm_coordinator.publish import PUBLISH_BATCH, PUBLISH_WAIT, Publisher
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.settle import Settlement, quietly
@@ -75,6 +76,7 @@ def tune(
     progress: ProgressHook | None = None,
     keep_aggregates: int = 1000,
     bans: Bans | None = None,
+    precompile: Precompiler | None = None,
 ) -> RunSummary:
     """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it,
     RunInterrupted on Ctrl-C. ``on_event`` receives a :class:`RunEvent` for every step (progress displays).
@@ -89,6 +91,9 @@ def tune(
     ``progress``: a display hook (``farm_cli.progress``) with ``started(run, problems, reused, trials)``,
     ``group_done(trials)``, ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused")
     and ``finished()``; without one, a rich bar per fingerprint is drawn on ``console`` when it is a terminal.
+
+    ``precompile``: the compile stage run before any group is sent (``farm_coordinator.precompile``): the configs
+    it rejects are planned as REJECTED with its verdicts, never sent; its notes go to ``console``.
     """
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.runlog import NoRunLog
@@ -97,6 +102,7 @@ def tune(
     state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
                  force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event, keep_aggregates,
                  progress)
+    state.precompile = precompile
     return state.execute(fingerprint, timeout, bans)
 
 
@@ -127,6 +133,7 @@ class _Run:
         self.batch_cap: int = settings.batch_limit(self.policy)
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
+        self.precompile: Precompiler | None = None
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -151,7 +158,10 @@ class _Run:
             raise FarmError("no live workers" + (f" with fingerprint {fingerprint}" if fingerprint else "")
                             + ": start `farm worker` first")
         banned = {t.digest: bans.banned(t.digest) for t in targets} if bans is not None else None
-        planner = Planner(self.catalog, targets, self.run, banned)
+        precompiled = self.precompile(self.catalog, targets) if self.precompile is not None else None
+        for note in precompiled.notes if precompiled is not None else ():
+            self.console.log(note)
+        planner = Planner(self.catalog, targets, self.run, banned, precompiled.rejected if precompiled else None)
         if next(planner.pairs(), None) is None:
             kinds = sorted({t.device_kind for t in targets})
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")

@@ -14,7 +14,7 @@ fingerprint) in flight at once:
   round is asked.
 
 The search ends when the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a
-group NOT_TRIED. Pure in its inputs: each ``propose`` builds the strategy afresh and brings it to where the group
+group NOT_TRIED. A config the compile stage rejected (the plan's REJECTED outcomes) is never asked. Pure in its inputs: each ``propose`` builds the strategy afresh and brings it to where the group
 names and results show (``farm.strategies.replay`` for rounds), so a coordinator killed mid-search and restarted
 asks the same groups again and reuses their stored results (``coordinator/run.py`` looks stored results up
 before it sends a strategy's group); a config asked before the kill whose result never came is asked again.
@@ -63,6 +63,13 @@ def _roster(operation: str, device_kind: str) -> Roster:
     return registry.get(operation).tunable(device_kind).roster()
 
 
+def rejected_positions(roster: Roster, plan: PlannedProblem) -> Callable[[int], bool] | None:
+    """The configs never to ask: those the compile stage rejected (the plan's REJECTED outcomes,
+    ``farm_coordinator.precompile``); None when there are none."""
+    names = {o.name for o in plan.skipped if o.verdict is TrialVerdict.REJECTED}
+    return (lambda position: roster.names[position] in names) if names else None
+
+
 class SpaceSearch:
     """The listed candidates' groups, then the spaces in rounds; see the module docstring. ``rosters``: how a
     problem's roster is found (default: the kernel registry's tunable set for the operation and device kind)."""
@@ -80,7 +87,7 @@ class SpaceSearch:
         roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
         if not roster.has_spaces:
             return ()
-        strategy = make_strategy(roster, self.policy)
+        strategy = make_strategy(roster, self.policy, rejected_positions(roster, plan))
         pending = [g for g in in_flight if parse_group(g) is not None]
         if not strategy.adaptive:
             return self._free(roster, strategy, results, pending, capacity)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from nvrtc_support import skip_without_nvrtc
-from servers import WorkerProcess, farm_env
+from servers import WorkerProcess, farm_env, wait_for
 
 from farm_cli import main
 from farm_fleet.errors import CompileTimeout
@@ -22,7 +22,7 @@ from farm_fleet.settings import Settings
 from farm_kernels import matmul
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda import kcache
-from farm_workers.compile import compile_batch, compile_on_fleet
+from farm_workers.compile import compile_batch, compile_on_fleet, compile_workers
 
 ARCH = "sm_90"
 
@@ -82,3 +82,36 @@ def test_the_compile_task_skips_what_the_cache_already_holds(redis_srv: Any, red
 def test_farm_worker_needs_a_device_unless_it_serves_the_compile_queue() -> None:
     done = CliRunner().invoke(main, ["worker", "--broker", "redis://127.0.0.1:1/0", "--redis", "redis://127.0.0.1:1/1"])
     assert done.exit_code == 2 and "--device is required (or --compile)" in done.output
+
+
+def test_the_coordinators_compile_stage_goes_to_the_compile_queue_once_a_compile_worker_answers(
+        redis_srv: Any, redis_db: Any, compile_worker: WorkerProcess, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from farm_coordinator import precompile
+    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.plan import Target
+
+    settings = Settings.from_env(broker_url=redis_srv.url(0), redis_url=redis_srv.url(1))
+    (node,) = wait_for(lambda: compile_workers(settings), 120, "the compile worker to answer a ping")
+    assert node.startswith("compile@")
+    catalog = tmp_path / "c.toml"
+    catalog.write_text('[[problems]]\noperation = "matmul"\ndevices = ["cuda"]\n'
+                       'workloads = [{ m = 64, n = 64, k = 64, dtype = "float32" }]\n')
+    here: list[int] = []
+    monkeypatch.setattr(precompile, "local_compiler", lambda cache, processes: here.append(processes))
+
+    cache = kcache.open_cache(redis_url=redis_srv.url(1))
+    compiler = precompile.fleet_compiler(settings, cache, 1, timeout=240)
+    target = Target("f" * 16, "NVIDIA H200; sm_90; 132 SMs", "cuda", ("w0",))
+    done = precompile.precompile(load_catalog(catalog, ()), [target], compiler)
+    configs = len(list(matmul.cuda_tunable().spaces[0].feasible_ranks()))
+    summary = done.summaries[ARCH]
+    assert (summary.configs, summary.compiled, summary.infeasible) == (configs, configs, 1), compile_worker.output()
+    assert len(redis_db.keys(kcache.REDIS_PREFIX + "*")) == configs  # stored by the compile worker
+    assert list(done.for_target(target.digest, "matmul")) == ["gemm[tile=128,coarsen=16]"]
+    assert here == []  # a compile worker serves the queue: nothing compiled here
+
+
+def test_without_a_compile_worker_no_node_answers_the_ping(redis_srv: Any, redis_db: Any) -> None:
+    settings = Settings.from_env(broker_url=redis_srv.url(0), redis_url=redis_srv.url(1))
+    assert compile_workers(settings, timeout=0.2) == []

@@ -24,6 +24,7 @@ from farm_kernels.cuda.kcache import KernelCache, KernelEntry, RedisCache
 
 COMPILE_TASK = "farm.compile_kernels"
 COMPILE_QUEUE = "farm.compile"
+COMPILE_NODE = "compile@"  # the node name prefix of a compile worker
 BATCH = 4  # jobs per task: a few seconds of NVRTC, so idle compile workers share a space's misses
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,19 @@ def run_compile_worker(settings: Settings, concurrency: int, loglevel: str = "IN
     app = create_compile_app(settings)
     app.worker_main(argv=["worker", "-Q", COMPILE_QUEUE, f"--concurrency={concurrency}", "--pool=prefork",
                           f"--loglevel={loglevel}", "--without-mingle", "--without-gossip",
-                          "--hostname=compile@%h"])
+                          f"--hostname={COMPILE_NODE}%h"])
     return 0
+
+
+def compile_workers(settings: Settings, timeout: float = 1.0) -> list[str]:
+    """The node names of the ``farm worker --compile`` workers answering a Celery ping within ``timeout`` seconds
+    (``compile@host``): whether the fleet's compile queue is served now."""
+    app = create_compile_app(settings)
+    try:
+        replies = app.control.ping(timeout=timeout) or []
+    finally:
+        app.close()
+    return sorted(name for reply in replies for name in reply if str(name).startswith(COMPILE_NODE))
 
 
 def compile_on_fleet(jobs: Sequence[CompileJob], settings: Settings, timeout: float = 600.0,

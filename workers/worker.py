@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from farm.environment import farm_version, runtime_environment
@@ -27,6 +27,7 @@ from farm.runtimes import client_for, parse_device
 from farm.runtimes.host import host_regime, limit_threads
 from farm_fleet import presence
 from farm_fleet.settings import Settings
+from farm_kernels.cuda.kcache import CACHE_ENV, default_location
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,36 @@ def probe_here(device: str) -> dict[str, Any]:
     }
 
 
+def kernel_cache_location(device_kind: str, redis_url: str | None, env: Mapping[str, str]) -> str | None:
+    """Where a worker's trial path loads CUDA space cubins from (``farm_kernels.cuda.compile.load_module``): None
+    for a host device (nothing to load); the cache configured explicitly (``$FARM_KERNEL_CACHE``, a directory or a
+    Redis URL); else the fleet's kernel cache, the Redis of the worker's settings, where ``farm compile``, the
+    coordinator's compile stage and ``farm worker --compile`` store; else the local default directory."""
+    if device_kind != "cuda":
+        return None
+    explicit = env.get(CACHE_ENV)
+    if explicit:
+        return explicit
+    return redis_url or default_location()
+
+
+def use_fleet_kernel_cache(device: str, settings: Settings) -> str | None:
+    """At a worker's start: open the kernel cache :func:`kernel_cache_location` names for ``device`` and make the
+    trial path load through it (``use_kernel_cache``; ``$FARM_KERNEL_CACHE`` for the pool processes too). A miss
+    there compiles once on this worker and stores the entry; NVRTC never runs twice for one kernel. The cache's
+    description (a Redis URL without its password), or None."""
+    location = kernel_cache_location(parse_device(device)[0], settings.redis_url, os.environ)
+    if location is None:
+        return None
+    from farm_kernels.cuda.compile import use_kernel_cache
+    from farm_kernels.cuda.kcache import open_cache
+
+    os.environ[CACHE_ENV] = location
+    cache = open_cache(location)
+    use_kernel_cache(cache)
+    return cache.describe()
+
+
 def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), loglevel: str = "INFO",
                cores: str | None = None, check_servers: Callable[[], None] | None = None) -> int:
     """Run the worker until it is stopped; return its exit code. ``cores``: see :func:`parse_cores`.
@@ -145,11 +176,14 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     os.environ["FARM_BROKER_URL"] = settings.broker_url
     os.environ["FARM_REDIS_URL"] = settings.redis_url
     identity = probe(pinned)
+    cache = use_fleet_kernel_cache(device, settings)
     if check_servers is not None:
         check_servers()
     regime = identity["regime"]
     log.info("worker %s on cores %s: %s", device, format_cpus(owned) if owned else "unpinned",
              host_regime().text())
+    if cache is not None:
+        log.info("kernel cache %s: CUDA space cubins load from it, a miss compiles once and is stored", cache)
     if not identity["persistent"]:
         log.warning("environment is session-only (no driver or build identity): decisions will not be reusable")
     host = socket.gethostname()

@@ -124,7 +124,11 @@ class RedisCache:
         self.client = redis.Redis.from_url(url)  # bytes replies: cubins are binary
 
     def describe(self) -> str:
-        return self.url
+        """The URL, its password (if any) replaced by ``***``: what a log line or a summary may show."""
+        from urllib.parse import urlsplit
+
+        password = urlsplit(self.url).password
+        return self.url.replace(f":{password}@", ":***@", 1) if password else self.url
 
     def get(self, key: str) -> KernelEntry | None:
         _check_key(key)

@@ -119,7 +119,8 @@ def compile_text(text: str, filename: str, arch: str, options: tuple[str, ...]) 
     try:
         argv = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
         status = lib.nvrtcCompileProgram(prog, len(options), argv)
-        log = _read(lib, prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").decode(errors="replace").rstrip("\x00")
+        # NVRTC's log may hold NULs inside (ptxas' part after the front end's): none belongs in a verdict's text.
+        log = _read(lib, prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").decode(errors="replace").replace("\x00", "")
         if status != 0:
             raise NvrtcError(f"{filename} ({arch}, options {' '.join(options)}): {_message(lib, status)}\n{log}")
         cubin = _read(lib, prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN")

@@ -1,0 +1,158 @@
+"""Compile before send: a run's CUDA spaces compiled for their targets' architecture before any of their groups goes.
+
+Before a run plans its problems, :func:`precompile` runs the compile stage (``farm_kernels.cuda.compile``) over the
+CUDA spaces of the catalog's operations for every CUDA target: the architecture is the run's explicit one
+(``farm tune --arch sm_90``), else the one the target's fingerprint names (a CUDA fingerprint reads
+``<model>; sm_90; ...``); a target with neither gets no compile stage and a one-line note saying so. What compiles
+is the :data:`Compiler`'s affair (the composition root picks one): the fleet's ``compile`` queue when
+``farm worker --compile`` workers serve it (:func:`fleet_compiler`), else a process pool here
+(:func:`local_compiler`), both storing into the fleet's kernel cache, so a second run compiles nothing.
+
+The configs the stage rejects (infeasible by resources, compile errors) are never sent to a GPU worker: the
+planner turns each into an Outcome REJECTED whose note is the stage's verdict (``infeasible: gemm_space_f32: 96
+registers x 1024 threads = 98304 > 65536 per block``, ``failed: FILE (sm_90, options ...): NVRTC_ERROR_COMPILATION:
+FILE(2): error: ...``, one line), planned out of its
+group like a banned candidate (``farm_coordinator.plan``) and left out of a space search's asks
+(``farm_coordinator.spacesearch``); the decision's candidate list carries it as ``rejected: infeasible: ...``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from farm_coordinator.catalog import Catalog
+from farm_coordinator.plan import Target
+
+if TYPE_CHECKING:  # the compile stage is imported where it runs (NVRTC loads lazily)
+    from farm.tunable import TunableSet
+    from farm_fleet.settings import Settings
+    from farm_kernels.cuda.compile import CompileJob, CompileSummary
+    from farm_kernels.cuda.kcache import KernelCache
+
+CUDA = "cuda"
+_ARCH = re.compile(r"(?:^|;\s*)(sm_\d+)\s*(?:;|$)")
+
+Compiler = Callable[[Sequence["CompileJob"]], "CompileSummary"]
+"""Compiles a run's jobs (or serves them from the kernel cache) and returns the stage's summary."""
+
+Precompiler = Callable[[Catalog, list[Target]], "Precompiled"]
+"""What a run calls before it plans (``farm_coordinator.run.tune(precompile=...)``): :func:`precompile` bound to
+the run's compiler and architecture (:func:`stage`)."""
+
+
+def arch_of(fingerprint: str) -> str | None:
+    """The architecture a CUDA fingerprint names (``NVIDIA H100; sm_90; 132 SMs; ...`` -> ``sm_90``), or None."""
+    found = _ARCH.search(fingerprint)
+    return found.group(1) if found else None
+
+
+def one_line(reason: str) -> str:
+    """A verdict as one line, the note a decision keeps: a resource verdict as it is; a compile error's first line
+    (``failed: FILE (ARCH, options ...): NVRTC_ERROR_COMPILATION``) and the first error line of NVRTC's log."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else reason
+    detail = next((line for line in lines[1:] if "error" in line.lower()), lines[1])
+    return f"{lines[0]}: {detail}"
+
+
+@dataclass
+class Precompiled:
+    """What the compile stage of a run found: ``rejected`` (fingerprint digest -> operation -> candidate name ->
+    its verdict, one line), the summary of each architecture compiled, and the notes to print (one line each)."""
+
+    rejected: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    summaries: dict[str, CompileSummary] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def for_target(self, digest: str, operation: str) -> Mapping[str, str]:
+        """The rejected configs of ``operation`` on the target ``digest`` (name -> verdict), empty when none."""
+        return self.rejected.get(digest, {}).get(operation, {})
+
+
+def compilable_sets(catalog: Catalog) -> dict[str, TunableSet]:
+    """Operation -> its CUDA tunable set, for the catalog's operations tuned on ``cuda`` whose set has a space the
+    compile stage compiles (a ``KernelSpace``)."""
+    from farm_kernels import registry
+    from farm_kernels.cuda.compile import compilable
+
+    found: dict[str, TunableSet] = {}
+    for workload in catalog.workloads:
+        if CUDA not in workload.devices or workload.operation in found:
+            continue
+        ts = registry.get(workload.operation).cuda
+        if ts is not None and any(compilable(space.fn) is not None for space in ts.spaces):
+            found[workload.operation] = ts
+    return found
+
+
+def precompile(catalog: Catalog, targets: Iterable[Target], compiler: Compiler, arch: str | None = None,
+               cache_name: str = "") -> Precompiled:
+    """The compile stage of ``catalog``'s CUDA spaces for each CUDA target (``arch``, else its fingerprint's),
+    before any group is sent; see the module docstring. ConfigError for an ``arch`` NVRTC cannot target."""
+    from farm.errors import ConfigError, NvrtcUnavailable
+    from farm_kernels.cuda.compile import check_arch, jobs_for
+
+    done = Precompiled()
+    cuda = [t for t in targets if t.device_kind == CUDA]
+    sets = compilable_sets(catalog) if cuda else {}
+    if not sets:
+        return done
+    by_arch: dict[str, list[Target]] = {}
+    for target in cuda:
+        found = arch or arch_of(target.fingerprint)
+        if found is None:
+            done.notes.append(f"fingerprint {target.digest}: no architecture known (give --arch sm_NN): its CUDA "
+                              "spaces are not compiled ahead, each GPU worker compiles what it runs")
+            continue
+        by_arch.setdefault(found, []).append(target)
+    for found, its_targets in sorted(by_arch.items()):
+        try:
+            check_arch(found)
+        except (ConfigError, NvrtcUnavailable) as e:
+            if arch is not None:
+                raise  # the run's own --arch: an error, not a note
+            done.notes.append(f"{found} (fingerprint {', '.join(t.digest for t in its_targets)}): its CUDA spaces "
+                              f"are not compiled ahead: {e}")
+            continue
+        summary = compiler(jobs_for(sets.values(), found))
+        done.summaries[found] = summary
+        rejected = {op: {name: one_line(reason) for name, reason in summary.rejected_configs(ts.name).items()}
+                    for op, ts in sets.items()}
+        for target in its_targets:
+            done.rejected[target.digest] = {op: names for op, names in rejected.items() if names}
+        done.notes.append(f"compiled the CUDA spaces for {found} before sending: {summary.configs} configs, "
+                          f"{summary.compiled} compiled, {summary.cached} cached, {summary.infeasible} infeasible, "
+                          f"{summary.failed} failed (never sent) in {summary.seconds:.1f} s"
+                          + (f" (kernel cache {cache_name})" if cache_name else ""))
+    return done
+
+
+def stage(compiler: Compiler, arch: str | None = None, cache_name: str = "") -> Precompiler:
+    """The run's compile stage: :func:`precompile` with ``compiler`` and ``arch`` (None: each fingerprint's)."""
+    return lambda catalog, targets: precompile(catalog, targets, compiler, arch, cache_name)
+
+
+def local_compiler(cache: KernelCache, processes: int) -> Compiler:
+    """Compile in a process pool of ``processes`` here, storing into ``cache``."""
+    from farm_kernels.cuda.compile import compile_all
+
+    return lambda jobs: compile_all(jobs, cache, processes)
+
+
+def fleet_compiler(settings: Settings, cache: KernelCache, processes: int, timeout: float = 600.0,
+                   online: Callable[[], bool] | None = None) -> Compiler:
+    """On the fleet's ``compile`` queue when ``farm worker --compile`` workers answer (``online``, default: a
+    Celery ping of them), else in a process pool here; either way into ``cache`` (the fleet's Redis)."""
+    def run(jobs: Sequence[CompileJob]) -> CompileSummary:
+        from farm_workers.compile import compile_on_fleet, compile_workers
+
+        serving = online() if online is not None else bool(compile_workers(settings))
+        if serving:
+            return compile_on_fleet(jobs, settings, timeout, cache)
+        return local_compiler(cache, processes)(jobs)
+
+    return run
