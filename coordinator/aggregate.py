@@ -130,7 +130,8 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     }
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
-    meta.update(space_effort(first.cache_key, outcomes.values(), policy))
+    planned_out = {o.name for o in problem.skipped}  # banned, or rejected by the compile stage: never timed
+    meta.update(space_effort(first.cache_key, [o for o in outcomes.values() if o.name not in planned_out], policy))
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
                      worker_of.get(winner), budget_exhausted, by_group)
@@ -138,7 +139,7 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
 
 def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolicy) -> dict[str, Any]:
     """The :data:`SPACE_FIELDS` of a decision over a key with spaces (none for a plain list): the configs judged
-    are those with an outcome the budget did not cut (``not tried``)."""
+    are those of ``outcomes`` (the trials' outcomes) the budget did not cut (``not tried``)."""
     try:
         roster = KeyRoster.of_key(cache_key)
     except ValueError:
