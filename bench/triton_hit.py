@@ -21,6 +21,26 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+
+def measure(calls: tuple[tuple[str, Any], ...], batches: int, batch: int, sync: Any) -> dict[str, float]:
+    """p50 microseconds per call of each named call, over ``batches`` batches of ``batch`` calls; each call runs
+    in every position equally often (no order bias)."""
+    for _, call in calls:
+        for _ in range(5):
+            call()
+    samples: dict[str, list[float]] = {name: [] for name, _ in calls}
+    for k in range(batches):
+        shift = k % len(calls)
+        for name, call in calls[shift:] + calls[:shift]:
+            start = time.perf_counter_ns()
+            for _ in range(batch):
+                call()
+            if sync is not None:
+                sync()
+            samples[name].append((time.perf_counter_ns() - start) / batch / 1000)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main() -> int:
@@ -74,6 +94,9 @@ def main() -> int:
         assert decided.best_config is configs[1] and decisions.counts["hits"] == 1, "the farm's config was not served"
 
         single = triton.autotune(configs=[configs[1]], key=["n"])(copy_kernel)  # Triton's own cheapest autotune
+        # Triton's own path for a key it settled among several configs (its own pruning chose one, no farm).
+        pruned = triton.autotune(configs=configs, key=["n"],
+                                 prune_configs_by={"early_config_prune": lambda c, named, **k: [c[1]]})(copy_kernel)
         options = configs[1].all_kwargs()
 
         def plain() -> None:
@@ -82,31 +105,29 @@ def main() -> int:
         def one_config() -> None:
             single[(1,)](x, out, n)
 
+        def settled() -> None:
+            pruned[(1,)](x, out, n)
+
         def hit() -> None:
             decided[(1,)](x, out, n)
 
-        calls = (("plain", plain), ("single", one_config), ("hit", hit))
-        for _, call in calls:
-            for _ in range(5):
-                call()
-        samples: dict[str, list[float]] = {name: [] for name, _ in calls}
-        for _ in range(args.batches):
-            for name, call in calls:
-                start = time.perf_counter_ns()
-                for _ in range(args.batch):
-                    call()
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                samples[name].append((time.perf_counter_ns() - start) / args.batch / 1000)
-    p50 = {name: statistics.median(values) for name, values in samples.items()}
+        calls = (("plain", plain), ("single", one_config), ("settled", settled), ("hit", hit))
+        launched = measure(calls, args.batches, args.batch, torch.cuda.synchronize if args.device == "cuda" else None)
+        # The same three paths with the kernel's launch replaced by a no-op: what each adds on the host before
+        # the launch, free of the launch's own noise (an interpreted launch is about a millisecond).
+        copy_kernel.run = lambda *a, **k: None
+        dispatched = measure(calls, args.batches, args.batch * 50, None)
     mode = "interpreter, CPU" if args.device == "cpu" else "compiled, GPU"
-    print(f"farm_triton hit path ({mode}; {args.batches} batches of {args.batch} launches)")
-    print(f"  plain @triton.jit launch, fixed config : {p50['plain']:9.1f} us p50")
-    print(f"  @triton.autotune with one config      : {p50['single']:9.1f} us p50 (Triton's own autotuner path)")
-    print(f"  farm-decided autotune launch          : {p50['hit']:9.1f} us p50")
-    print(f"  overhead per launch                   : {p50['hit'] - p50['plain']:9.1f} us (target <= 5 us)")
-    print(f"  of which over Triton's one-config path: {p50['hit'] - p50['single']:9.1f} us (the adapter itself)")
-    print(f"  first launch of the key (farm lookup) : {first / 1000:9.1f} us, once per key and process")
+    print(f"farm_triton hit path ({mode}; {args.batches} batches of {args.batch} launches, order rotated)")
+    for title, p50 in (("with the kernel launched", launched), ("dispatch only (launch stubbed)", dispatched)):
+        print(f"  {title}:")
+        print(f"    plain @triton.jit launch, fixed config : {p50['plain']:9.2f} us p50")
+        print(f"    @triton.autotune with one config      : {p50['single']:9.2f} us p50 (Triton's own autotuner path)")
+        print(f"    @triton.autotune, a settled key       : {p50['settled']:9.2f} us p50 (Triton's, several configs)")
+        print(f"    farm-decided autotune launch          : {p50['hit']:9.2f} us p50")
+        print(f"    added per launch over plain           : {p50['hit'] - p50['plain']:9.2f} us (target <= 5 us)")
+        print(f"    of which over Triton's one-config path: {p50['hit'] - p50['single']:9.2f} us")
+    print(f"  first launch of the key (farm lookup)   : {first / 1000:9.1f} us, once per key and process")
     return 0
 
 

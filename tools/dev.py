@@ -178,8 +178,9 @@ def test_triton(rest: list[str]) -> int:
     env.pop("TRITON_INTERPRET", None)
     if not gpu:  # the interpreter tier: the device variants need real compilation
         env["TRITON_INTERPRET"] = "1"
-    args = [a for a in rest if a.startswith("-") or a == "gpu"] + ([] if gpu else ["-m", "not gpu"])
-    paths = [a for a in rest if not a.startswith("-") and a != "gpu"] or TRITON_TESTS
+    given = [a for a in rest if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]  # test paths
+    args = [a for a in rest if a not in given] + ([] if gpu else ["-m", "not gpu"])  # options and their values
+    paths = given or TRITON_TESTS
     return subprocess.call([str(python), "-m", "pytest", "-p", "no:cacheprovider", *args, *paths], env=env)
 
 

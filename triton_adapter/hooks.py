@@ -9,6 +9,7 @@ the miss to the fleet.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import threading
@@ -133,7 +134,59 @@ def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str | None = N
         hook = Decided(name or identity.jit_function(fn).__name__, on_miss, reference, then)
         tuner = triton.autotune(configs=list(configs), key=list(key),
                                 prune_configs_by={**pruning, "early_config_prune": hook}, **options)(fn)
+        tuner.__class__ = _settled_class(type(tuner))  # the same object and state; a faster launch once settled
         hook.autotuner = tuner
         return tuner
 
     return wrap
+
+
+@functools.cache
+def _settled_class(base: type) -> type:
+    """``base`` (Triton's ``Autotuner``) whose launches of a key it has settled go straight to the kernel.
+
+    Triton's ``Autotuner.run`` reads its knobs (environment-backed settings) and copies the arguments on every
+    launch, even for a key whose config it cached long ago. Here a launch computes the key exactly as Triton does
+    (the ``key`` arguments, then the dtype of each argument that has one, in Triton's argument order), and when
+    Triton's own cache holds a config for it without a ``pre_hook``, launches that config. Everything else (a new
+    key: the farm's decision through ``early_config_prune``, or Triton's tuning on a miss; a config with a
+    pre-hook) is Triton's ``run``."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.configs) > 1:
+            names = self.arg_names
+            given = dict(zip(names, args, strict=False))
+            for k, v in kwargs.items():
+                if k in names:
+                    given[k] = v
+            key = (*(given[k] for k in self.keys if k in given),
+                   *(_dtype_text(v.dtype) for v in given.values() if hasattr(v, "dtype")))
+            settled = self.cache.get(key)
+            if settled is not None and settled.pre_hook is None:
+                self.best_config = settled
+                return self.fn.run(*args, **kwargs, **_launch_options(settled))
+        return base.run(self, *args, **kwargs)
+
+    return type(f"Farm{base.__name__}", (base,), {"run": run, "__module__": __name__, "__doc__": base.__doc__})
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_text(dtype: Any) -> str:
+    """``str(dtype)``, memoized (a launch's key names each tensor argument's dtype)."""
+    text = _DTYPES.get(dtype)
+    if text is None:
+        text = _DTYPES[dtype] = str(dtype)
+    return text
+
+
+_OPTIONS: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _launch_options(config: Any) -> dict[str, Any]:
+    """``config.all_kwargs()``, computed once per config (the config is held, so its id stays its own)."""
+    known = _OPTIONS.get(id(config))
+    if known is None or known[0] is not config:
+        known = _OPTIONS[id(config)] = (config, config.all_kwargs())
+    return known[1]

@@ -190,3 +190,31 @@ def test_without_configure_the_farm_controllers_tiers_and_policy_serve_the_kerne
     (record,) = records(tuned)
     assert kernel.best_config is identity.served(record.index, CONFIGS)
     assert farm_triton.current().counts == {"hits": 1, "misses": 0}
+
+
+def test_a_settled_key_launches_its_config_without_tritons_run_and_a_new_key_goes_through_it(
+        tuned: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from triton.runtime.autotuner import Autotuner
+
+    farm_triton.configure(cache_directory=tuned / "cache")
+    kernel = farm_triton.autotune(configs=CONFIGS, key=KEY, name=NAME, on_miss="first", do_bench=fail_benchmark)(add_kernel)
+    assert isinstance(kernel, Autotuner)  # still Triton's autotuner, with its state and attributes
+    entered: list[tuple] = []
+    original = Autotuner.run
+
+    def counted(self, *args, **kwargs):
+        entered.append(args[3:4] or (kwargs.get("n"),))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", counted)
+    x, y = torch.rand(300), torch.rand(300)
+    out = torch.empty_like(x)
+    for _ in range(3):
+        kernel[lambda meta: grid(meta, x, y, out, 300)](x, y, out, 300)
+    kernel[lambda meta: grid(meta, x, y, out, 300)](x, y, out_ptr=out, n=300)  # keywords: the same Triton key
+    assert torch.allclose(out, x + y) and kernel.best_config is CONFIGS[0]
+    assert entered == [(300,)]  # only the first launch of the key went through Triton's run
+    z = torch.rand(300, dtype=torch.float64)
+    kernel[lambda meta: grid(meta, z, z, z, 300)](z, z, torch.empty_like(z), 300)  # another dtype: another key
+    assert len(entered) == 2 and set(kernel.cache) == {(300, "torch.float32", "torch.float32", "torch.float32"),
+                                                       (300, "torch.float64", "torch.float64", "torch.float64")}
