@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +56,16 @@ def trivial_set() -> farm.TunableSet:
         return x + x
 
     return tunable
+
+
+def signing(directory: Path) -> Any:
+    """A fresh farm key pair in ``directory``: its signing key, and its public key trusted by every archive reader
+    of this process (FARM_TRUSTED_KEYS), as a fleet signs and checks archives (signing is part of the cost)."""
+    from farm.stores.archive.signing import generate_keys, load_signing_key
+
+    private, public, _ = generate_keys(directory)
+    os.environ["FARM_TRUSTED_KEYS"] = str(public)
+    return load_signing_key(private)
 
 
 def synthetic(i: int, fingerprint: str, now: float, trials: int) -> tuple[DecisionRecord, str, list[dict]]:
@@ -126,7 +138,8 @@ def main() -> None:
 
         out = directory / "archives"
         t = time.perf_counter()
-        exported = export_redis(RedisDecisions(client=server.client(1), settings=settings), out)
+        exported = export_redis(RedisDecisions(client=server.client(1), settings=settings), out,
+                                signer=signing(directory / "keys"))
         export_s = time.perf_counter() - t
         folder = exported[0].written.path
         total_bytes = size_of(folder)

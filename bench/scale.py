@@ -137,7 +137,7 @@ def farm_runs(sizes: list[int], farm_sizes: list[int], timeout: float, directory
 
 
 def archive_runs(n: int, directory: Path) -> list[str]:
-    from archive import synthetic
+    from archive import signing, synthetic
     from servers import redis_server
 
     import farm
@@ -157,7 +157,7 @@ def archive_runs(n: int, directory: Path) -> list[str]:
         source.publish_many(Publication(r, fingerprint, pid, tuple(rows))
                             for r, pid, rows in (synthetic(i, fingerprint, now, 4) for i in range(n)))
         t = time.perf_counter()
-        exported = export_redis(source, directory / "archives")
+        exported = export_redis(source, directory / "archives", signer=signing(directory / "keys"))
         export_s = time.perf_counter() - t
         written = exported[0].written
         lines.append(f"  export Redis -> archive: {n / export_s:8,.0f} decisions/s; archive "

@@ -48,6 +48,7 @@ class RuntimeEnvironment:
 
 
 @lru_cache(maxsize=4096)  # a store names a fingerprint's keys on every lookup
+@lru_cache(maxsize=4096)  # asked on every fleet lookup and publication: a process meets a few fingerprints
 def fingerprint_digest(fingerprint: str) -> str:
     """A short stable name for a fingerprint (queue names, archive folders): 16 hex digits of its sha256."""
     return hashlib.sha256(fingerprint.encode()).hexdigest()[:16]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -165,6 +166,7 @@ class OperationKey:
         return cls(*parts)
 
 
+@functools.lru_cache(maxsize=4096)  # callers without the environment at hand ask it per lookup
 def key_environment(key: str) -> str:
     """The environment fingerprint inside an encoded cache key."""
     return CacheKey.decode(key).environment
