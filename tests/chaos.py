@@ -47,7 +47,7 @@ class Fault:
     utc: str
     kind: str
     detail: str
-    took: float  # seconds until the fleet was whole again (the worker ready, the server answering)
+    took: float  # seconds the injection took (a restarted server answering, a restarted worker announced)
 
 
 def rss_kb(pids: list[int]) -> int:
@@ -267,12 +267,12 @@ def run_soak(directory: Path, problems: int, pace_ms: int, seed: int, every: flo
 
         def logged(fault: Fault) -> None:
             log(f"  fault at {fault.at:7.1f} s ({fault.utc} UTC) {fault.kind:<11} {fault.detail} "
-                f"(whole again after {fault.took:.1f} s)")
+                f"(handled in {fault.took:.1f} s)")
 
         injector = Injector(fleet, seed, every, started, logged, freeze=freeze, down=down)
         injector.start()
         samples: list[tuple[float, int, int]] = []
-        next_sample = started
+        next_sample = started + sample_every  # the first sample once the coordinator has loaded its catalog
         while coordinator.poll() is None and time.monotonic() - started < timeout:
             if time.monotonic() >= next_sample:
                 samples.append((round(time.monotonic() - started, 1), *fleet.rss()))
