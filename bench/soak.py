@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-OVERHEAD_MS = 45  # the farm's own cost per problem and worker with the soak's policy (measured: 147 ms at --pace-ms 100)
+OVERHEAD_MS = 6  # the farm's own cost per problem and worker (measured: 21 ms per problem at --pace-ms 15, two workers)
 
 
 def windows(times: list[float], start: float, wall: float, width: float) -> list[tuple[float, float, int, bool]]:
@@ -66,23 +66,28 @@ def report(result: dict[str, Any], window: float) -> tuple[list[str], dict[str, 
                  f"{result['coordinator_exit']})")
     for workload, reason in sorted(result["lost_reasons"].items())[:20]:
         lines.append(f"    not published: {workload}: {reason}")
-    samples = result["rss_samples"]
+    every = result["rss_samples"]
+    # The end of the run is the last sample before its last publication: after it the coordinator only reads the
+    # decisions back for its JSON summary (every record once), which is the report's memory, not growth.
+    last = max(result["publication_times"], default=result["started_utc"]) - result["started_utc"]
+    samples = [s for s in every if s[0] <= last] or every
     at = min(300.0, result["wall_seconds"] / 2)
     growth = {}
     for name, column in (("coordinator", 1), ("workers", 2)):
         base, end, g = rss_growth(samples, column, at) if samples else (0, 0, 0.0)
-        first = samples[0][column] if samples else 0
+        first, exit_ = (samples[0][column], every[-1][column]) if samples else (0, 0)
         growth[name] = g
         lines.append(f"  RSS {name:<11}: start {first / 1024:6.1f} MB, at {at / 60:.1f} min {base / 1024:6.1f} MB, end "
-                     f"{end / 1024:6.1f} MB ({g:+.1%} since {at / 60:.1f} min)")
+                     f"of tuning {end / 1024:6.1f} MB ({g:+.1%} since {at / 60:.1f} min), while writing the summary "
+                     f"{exit_ / 1024:6.1f} MB")
     lines.append(f"  (workers: both current worker processes and their pool processes; a killed worker restarts "
                  f"small, so their figure is after {count_kinds(result['faults']).get('worker', 0)} restarts)")
     rates = windows(result["publication_times"], result["started_utc"], result["wall_seconds"], window)
     for lo, hi, n, full in rates:
         lines.append(f"  throughput {lo / 60:5.1f}-{hi / 60:5.1f} min: {n / max(hi - lo, 1e-9):7.2f} decisions/s "
                      f"({n:,}){'' if full else ' (partial window)'}")
-    full = [n / (hi - lo) for lo, hi, n, f in rates if f]
-    ratio = full[-1] / full[0] if len(full) >= 2 and full[0] else None
+    rates_full = [n / (hi - lo) for lo, hi, n, f in rates if f]
+    ratio = rates_full[-1] / rates_full[0] if len(rates_full) >= 2 and rates_full[0] else None
     targets = {"0 lost": result["lost"] == 0 and result["finished"],
                "0 duplicated": result["duplicated"] == 0 and not result["unpublished_fields"],
                "RSS growth < 10 % (coordinator)": growth["coordinator"] < 0.10,

@@ -198,9 +198,9 @@ class Injector(threading.Thread):
                     deck = list(KINDS)
                     self.rng.shuffle(deck)
                 kind = deck.pop()
-                at, begun = time.monotonic() - self.started, time.monotonic()
+                at, begun, utc = time.monotonic() - self.started, time.monotonic(), time.gmtime()
                 detail = self.inject(kind)
-                fault = Fault(round(at, 1), time.strftime("%H:%M:%S", time.gmtime()), kind, detail,
+                fault = Fault(round(at, 1), time.strftime("%H:%M:%S", utc), kind, detail,
                               round(time.monotonic() - begun, 1))
                 self.faults.append(fault)
                 self.log(fault)

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.servers
 
-PROBLEMS = 300
+PROBLEMS = 400
 
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
@@ -21,7 +21,7 @@ def test_a_minute_of_seeded_chaos_loses_and_duplicates_no_decision(tmp_path, bro
     if broker == "rabbitmq" and rabbitmq_binaries() is None:  # the soak starts (and kills) a node of its own
         (pytest.fail if IN_CI else pytest.skip)(f"rabbitmq-server is not installed: {RABBITMQ_HINT}")
     lines: list[str] = []
-    result = run_soak(tmp_path, PROBLEMS, pace_ms=150, seed=28, every=4.0, broker=broker, freeze=4.0, down=1.5,
+    result = run_soak(tmp_path, PROBLEMS, pace_ms=150, seed=28, every=3.0, broker=broker, freeze=4.0, down=1.5,
                       timeout=600, log=lines.append)
     assert result["injector_error"] is None, (result["injector_error"], lines)
     assert {f["kind"] for f in result["faults"]} == set(KINDS), lines  # the seed's deck: every kind within 4 faults
