@@ -1,7 +1,8 @@
 """Test-only operations for the farm's real-process tests (loaded with ``--kernels farm_testops``).
 
 They are deliberately hostile: a wrong but fast candidate, one that raises, one that returns NaN, one that hangs,
-one that kills its own worker process, and one that runs until the test opens a gate. None of this ships in ``kernels/``.
+one that kills its own worker process, and one that runs until the test opens a gate; and a trivial one whose
+inputs take a set time to build (``farmtest_paced``, the chaos soak's problems). None of this ships in ``kernels/``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from farm import TunableSet, array_signature
-from farm_kernels.operation import Operation, dim
+from farm_kernels.operation import Operation, SpecField, dim
 
 
 def slow_reference(x):
@@ -85,6 +86,34 @@ def make(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[An
     return (xp.asarray(rng.random(spec["n"]), dtype=spec["dtype"]),)
 
 
+PACED_ELEMENTS = 64
+
+
+def paced_copy(x, index):
+    return x.copy()
+
+
+def paced_add_zero(x, index):
+    return x + 0.0
+
+
+def make_paced(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[Any, ...]:
+    """Inputs of ``farmtest_paced``: 64 elements whatever the problem, built in ``pace_ms`` milliseconds (the
+    soak's pace: each problem costs its worker about that long, so a catalog lasts as long as the soak)."""
+    time.sleep(spec["pace_ms"] / 1000.0)
+    return (xp.asarray(rng.random(PACED_ELEMENTS), dtype=spec["dtype"]), spec["index"])
+
+
+def paced_operation() -> Operation:
+    tunable = TunableSet("farmtest_paced", signature=array_signature)
+    tunable.add(paced_copy, name="paced_copy", reference=True)
+    tunable.add(paced_add_zero, group=0)
+    return Operation(name="farmtest_paced", host=tunable, cuda=None,
+                     fields=(SpecField("index", int, minimum=0, help="which problem (not its size)"),
+                             SpecField("pace_ms", int, minimum=0, help="milliseconds to build its inputs")),
+                     dtypes={"cpu": ("float64",)}, make=make_paced)
+
+
 def operation(name: str, candidates: list[tuple[Any, int]]) -> Operation:
     tunable = TunableSet(name, signature=array_signature)
     tunable.add(slow_reference, name="slow_reference", reference=True)
@@ -100,4 +129,5 @@ OPERATIONS = (
     operation("farmtest_device", [(loses_the_device_on_cpu0, 0)]),
     operation("farmtest_stubborn", [(vectorized, 0), (ignores_the_soft_limit, 1)]),
     operation("farmtest_gate", [(waits_for_the_gate, 0)]),
+    paced_operation(),
 )

@@ -197,6 +197,7 @@ class RabbitMQNode:
         self.name = f"farmtest-{os.getpid()}-{self.port}@localhost"
         self.process: subprocess.Popen[bytes] | None = None
         self.epmd: subprocess.Popen[bytes] | None = None
+        self.starts = 0
         directory.mkdir(parents=True, exist_ok=True)
         cookie = directory / ".erlang.cookie"
         if not cookie.exists():
@@ -227,43 +228,110 @@ class RabbitMQNode:
         return "\n".join(p.read_text(errors="replace")[-3000:] for p in [*logs, console] if p.exists())
 
     def start(self, timeout: float = 120) -> None:
-        """Start the node (again, on its data after ``kill()``) and wait until it accepts AMQP connections."""
+        """Start the node (again, on its data after ``kill()``) and wait until it has booted and accepts AMQP.
+
+        The AMQP port accepting is not enough: ``rabbitmqctl await_startup`` answers 69 (node unreachable) until
+        the node has registered with epmd, so it is retried until the deadline while the server lives."""
+        deadline = time.monotonic() + timeout
         if self.epmd is None or self.epmd.poll() is not None:
             # Our own epmd on a private port: the machine's epmd (4369) never learns about this node.
             self.epmd = subprocess.Popen(["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.starts += 1
         with open(self.directory / "console.log", "ab") as out:
             self.process = subprocess.Popen([str(self.server)], stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                             cwd=self.directory, start_new_session=True)
         process = self.process
 
-        def accepting() -> bool:
+        def alive() -> None:
             if process.poll() is not None:
                 pytest.fail(f"the private rabbitmq-server exited ({process.returncode}):\n{self.log()}")
-            with socket.socket() as s:
-                s.settimeout(1.0)
-                return s.connect_ex(("127.0.0.1", self.port)) == 0
 
-        wait_for(accepting, timeout, f"the private RabbitMQ node {self.name} to accept AMQP on port {self.port}",
-                 interval=0.25)
-        self.ctl_run("await_startup", "--timeout", str(int(timeout)))
+        def booted() -> bool:
+            alive()
+            if not (self._registered() and self._listening(self.port)):
+                return False
+            left = max(5, int(deadline - time.monotonic()))
+            try:
+                self.ctl_run("await_startup", "--timeout", str(left))
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+                alive()
+                return False  # 69: not reachable yet (distribution still coming up); try again
+            return True
 
-    def ctl_run(self, *args: str) -> str:
+        wait_for(booted, timeout, f"the private RabbitMQ node {self.name} to boot and accept AMQP on port {self.port}",
+                 interval=0.5)
+
+    def quorum_registered(self) -> bool:
+        """Whether every quorum queue member (Ra server) of this node is in its on-disk registry (names.dets).
+
+        RabbitMQ 3.10 writes that registry a moment after a queue is declared; a node SIGKILLed in between comes
+        back without it and starts the queue as a new, empty member that never elects a leader (the queue hangs:
+        "leader not known", rabbitmq/rabbitmq-server#10070 and #15725), although its log is on disk."""
+        for folder in self.directory.glob("mnesia/*/quorum/*"):
+            names = folder / "names.dets"
+            known = names.read_bytes() if names.exists() else b""
+            if any(d.name.encode() not in known for d in folder.iterdir() if d.is_dir()):
+                return False
+        return True
+
+    def _listening(self, port: int) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1.0)
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def _registered(self) -> bool:
+        """Whether this node's name is registered with its private epmd."""
+        done = subprocess.run(["epmd", "-port", str(self.epmd_port), "-names"], capture_output=True, text=True,
+                              timeout=30)
+        short = self.name.split("@")[0]
+        return any(line.split()[1:2] == [short] for line in done.stdout.splitlines() if line.startswith("name "))
+
+    def pids(self) -> list[int]:
+        """Every process of this node: beam runs its helpers (erl_child_setup, inet_gethost, the disk monitor) in
+        sessions of their own, out of reach of the server's process group, so they are found by the node name in
+        their environment, which only this node's processes (and its rabbitmqctl calls) carry."""
+        marker = b"RABBITMQ_NODENAME=" + self.name.encode() + b"\0"
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if marker in Path(f"/proc/{entry}/environ").read_bytes():
+                        found.append(int(entry))
+        return found
+
+    def ctl_run(self, *args: str, timeout: float = 120) -> str:
         """``rabbitmqctl -n <this node> args``: its output (CalledProcessError with the output on failure)."""
         done = subprocess.run([str(self.ctl), "-q", "-n", self.name, *args], env=self.env(), capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=timeout)
         if done.returncode != 0:
             raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
         return done.stdout
 
     def kill(self) -> None:
-        """SIGKILL the node (its whole process group: beam and its helpers); its data stays for ``start()``."""
+        """SIGKILL the node: its process group and every other process of its node name (see ``pids``); return
+        once they are all gone, its ports are closed and epmd has dropped its name, so ``start()`` meets no trace
+        of the old node (a new node would otherwise see the name taken, or the old AMQP listener would answer)."""
         if self.process is None:
             return
+        # A crash, not a crash in the window RabbitMQ itself cannot survive (see quorum_registered).
+        wait_for(self.quorum_registered, 30, f"the quorum queues of {self.name} to be registered on disk", 0.1)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.process.wait(30)
         self.process = None
+
+        def gone() -> bool:
+            for pid in self.pids():  # a helper forked while we were killing
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return not self.pids() and not self._listening(self.port) and not self._listening(self.dist_port) \
+                and not self._registered()
+
+        wait_for(gone, 60, f"the killed RabbitMQ node {self.name} to be gone (processes, ports, epmd name)", 0.1)
 
     def stop(self) -> None:
         """Stop the node and its epmd for good."""
@@ -290,8 +358,20 @@ class RabbitMQNode:
             self.ctl_run("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
             yield self.url(name)
         finally:
-            if self.process is not None and self.process.poll() is None:
-                self.ctl_run("delete_vhost", name)
+            self.delete_vhost(name)
+
+    def delete_vhost(self, name: str) -> None:
+        """Delete a vhost. A node that is down (killed by a test that failed before starting it again) or does not
+        answer leaves it behind, said on stderr: a cleanup error would hide the test's own failure (and the suite
+        turns warnings into errors)."""
+        if self.process is None or self.process.poll() is not None:
+            print(f"vhost {name} left on the private RabbitMQ node {self.name}: the node is down", file=sys.stderr)
+            return
+        try:
+            self.ctl_run("delete_vhost", name)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            detail = (getattr(e, "stderr", "") or "").strip()
+            print(f"vhost {name} left on the private RabbitMQ node {self.name}: {e} {detail}", file=sys.stderr)
 
     def queue_types(self, vhost: str) -> dict[str, str]:
         """Queue name -> type (classic, quorum) in ``vhost``."""
