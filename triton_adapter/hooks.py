@@ -134,7 +134,7 @@ def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str | None = N
         hook = Decided(name or identity.jit_function(fn).__name__, on_miss, reference, then)
         tuner = triton.autotune(configs=list(configs), key=list(key),
                                 prune_configs_by={**pruning, "early_config_prune": hook}, **options)(fn)
-        tuner.__class__ = _settled_class(type(tuner))  # the same object and state; a faster launch once settled
+        tuner.__class__ = _settled_class(tuner.__class__)  # the same object and state; a faster launch once settled
         hook.autotuner = tuner
         return tuner
 
@@ -142,7 +142,7 @@ def autotune(configs: Sequence[Any], key: Sequence[str], *, name: str | None = N
 
 
 @functools.cache
-def _settled_class(base: type) -> type:
+def _settled_class(base: Any) -> Any:
     """``base`` (Triton's ``Autotuner``) whose launches of a key it has settled go straight to the kernel.
 
     Triton's ``Autotuner.run`` reads its knobs (environment-backed settings) and copies the arguments on every
