@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def _isolated_controller(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
 
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/servers.py, tests/farm_testops.py
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+from servers import IN_CI  # noqa: E402
 
 
 @pytest.fixture(scope="session")

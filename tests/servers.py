@@ -167,6 +167,7 @@ def wait_worker_ready(worker: WorkerProcess, client: Any, prefix: str, timeout: 
     wait_for(announced, timeout, f"worker {worker.device} to be ready")
 
 
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")  # a missing server fails the run instead of skipping
 RABBITMQ_HINT = "install it with `python3 tools/dev.py test` (apt-get install rabbitmq-server)"
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import free_port, wait_for
+from servers import IN_CI, free_port, wait_for
 
 from farm_fleet import presence
 from farm_fleet.settings import Settings
@@ -37,7 +37,6 @@ from farm_fleet.settings import Settings
 pytestmark = [pytest.mark.containers, pytest.mark.timeout(900)]  # a first build downloads every wheel
 
 ROOT = Path(__file__).resolve().parent.parent
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 HOST = "ci"  # FARM_HOST_NAME: workers ci-gpu0 and ci-gpu1 (container host names), each on its cpu:0
 # Small limits: a task lost with a killed worker is restored to the queue after the visibility timeout (it must
 # outlast the example policy's hard limit: budget 10 s -> 28.75 s), and presence expires in seconds.

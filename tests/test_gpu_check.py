@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI
+from servers import IN_CI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -14,8 +14,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import IN_CI
 from cuda_launches import catalog_workloads, extra_workloads, launch_configurations, record
+from servers import IN_CI
 
 from farm_kernels import bias_gelu, matmul, reduce_sum, softmax, transpose
 from farm_kernels.cuda import COMMON, CudaProgram, cubin, nvrtc, source_text

@@ -15,8 +15,7 @@ PROBLEMS = 400
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_a_minute_of_seeded_chaos_loses_and_duplicates_no_decision(tmp_path, broker):
     from chaos import KINDS, run_soak
-    from conftest import IN_CI
-    from servers import RABBITMQ_HINT, rabbitmq_binaries
+    from servers import IN_CI, RABBITMQ_HINT, rabbitmq_binaries
 
     if broker == "rabbitmq" and rabbitmq_binaries() is None:  # the soak starts (and kills) a node of its own
         (pytest.fail if IN_CI else pytest.skip)(f"rabbitmq-server is not installed: {RABBITMQ_HINT}")
