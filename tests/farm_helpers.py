@@ -76,3 +76,26 @@ POLICY = "samples = 5\nwarmups = 1\nbudget = 2.0\nmax_relative_mad = 1.0\n"
 def write_catalog(path: Path, problems: str, policy: str = POLICY) -> Path:
     path.write_text(f"[policy]\n{policy}\n{problems}")
     return path
+
+
+def runtime_select(catalog: Path, kernels: str, operation: str, spec: dict[str, Any], cache: Path) -> Any:
+    """What an application on this machine gets for ``operation`` on ``spec`` from the local cache ``cache`` the
+    embedded farm wrote (under the catalog's policy): a SimpleNamespace of the decision, the tuner, the
+    candidate functions and the inputs."""
+    from types import SimpleNamespace
+
+    import farm
+    from farm.adapter import RuntimeTrials, prepare
+    from farm_coordinator.catalog import load_catalog
+    from farm_kernels import registry
+
+    registry.ensure_loaded((kernels,))
+    op = registry.get(operation)
+    policy = load_catalog(catalog, (kernels,)).policy
+    tuner = farm.StackTuner(policy, cache_directory=cache)
+    client = farm.HostClient(0)
+    inputs = op.build(spec, client)
+    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
+    decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices,
+                                                                    policy.timing))
+    return SimpleNamespace(decision=decision, tuner=tuner, fns=prepared.fns, inputs=inputs)

@@ -7,14 +7,13 @@ import json
 import subprocess
 import sys
 
-from farm_helpers import write_catalog
+from farm_helpers import runtime_select, write_catalog
 from servers import farm_env
 
 import farm
 from farm.stores.base import DecisionRecord
 from farm.stores.local import LocalStore
 from farm_coordinator.aggregate import META_FIELDS
-from farm_coordinator.catalog import load_catalog
 
 CATALOG = """
 [[problems]]
@@ -39,19 +38,8 @@ def test_the_embedded_farm_writes_decisions_the_runtime_reuses(tmp_path):
     assert len(records) == 2
     assert all(set(r.meta) == set(META_FIELDS) for r in records)
 
-    from farm_kernels import registry
-
-    registry.ensure_loaded(("farm_testops",))
-    op = registry.get("farmtest_scale")
-    policy = load_catalog(catalog, ("farm_testops",)).policy
-    tuner = farm.StackTuner(policy, cache_directory=tmp_path / "cache")
-    client = farm.HostClient(0)
-    inputs = op.build({"n": 2000, "dtype": "float64"}, client)
-    from farm.adapter import RuntimeTrials, prepare
-
-    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
-    runner = RuntimeTrials(client, op.host, inputs, prepared.indices, policy.timing)
-    decision = tuner.select_request(prepared.request, runner)
+    got = runtime_select(catalog, "farm_testops", "farmtest_scale", {"n": 2000, "dtype": "float64"}, tmp_path / "cache")
+    decision, tuner = got.decision, got.tuner
     assert decision.source is farm.DecisionSource.DISK_CACHE
     assert decision.name == "vectorized"
     assert tuner.stats().tunes == 0

@@ -7,14 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
-from farm_helpers import write_catalog
+from farm_helpers import runtime_select, write_catalog
 from servers import farm_env
 
 import farm
-from farm.adapter import RuntimeTrials, prepare
 from farm.stores.base import DecisionRecord
 from farm.stores.local import LocalStore
-from farm_coordinator.catalog import load_catalog
 
 CATALOG = """
 [[problems]]
@@ -47,16 +45,8 @@ def test_the_embedded_farm_tunes_every_config_of_a_space_and_the_runtime_reuses_
     effort = {k: record.meta[k] for k in ("strategy", "max_configs", "evaluated", "space_size")}
     assert effort == {"strategy": "exhaustive", "max_configs": None, "evaluated": 7, "space_size": 8}
 
-    from farm_kernels import registry
-
-    registry.ensure_loaded(("farm_spaceops",))
-    op = registry.get("farmtest_space")
-    policy = load_catalog(catalog, ("farm_spaceops",)).policy
-    tuner = farm.StackTuner(policy, cache_directory=tmp_path / "cache")
-    client = farm.HostClient(0)
-    inputs = op.build({"n": 3000, "dtype": "float64"}, client)
-    prepared = prepare(tuner, op.name, "cpu", client, op.host, inputs)
-    decision = tuner.select_request(prepared.request, RuntimeTrials(client, op.host, inputs, prepared.indices, policy.timing))
+    got = runtime_select(catalog, "farm_spaceops", "farmtest_space", {"n": 3000, "dtype": "float64"}, tmp_path / "cache")
+    decision, tuner, inputs = got.decision, got.tuner, got.inputs
     assert (decision.source, decision.name) == (farm.DecisionSource.DISK_CACHE, record.name)
-    np.testing.assert_allclose(prepared.fns[decision.index](*inputs), inputs[0] * 2.0)
+    np.testing.assert_allclose(got.fns[decision.index](*inputs), inputs[0] * 2.0)
     assert tuner.stats().tunes == 0
