@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from faultkit import FAULT_ENV, Server
-from servers import RabbitMQNode, WorkerProcess, farm_env, free_port, start_worker, wait_worker_ready
+from rabbitmq import RabbitMQNode
+from servers import WorkerProcess, farm_env, free_port, start_worker, wait_worker_ready
 
 from farm_fleet.settings import Settings
 

@@ -72,15 +72,10 @@ def redis_db(redis_srv):
 
 @pytest.fixture(scope="session")
 def rabbitmq_srv(tmp_path_factory: pytest.TempPathFactory):
-    """A private RabbitMQ node for the whole session (servers.RabbitMQNode: own node name, ports, data, cookie);
+    """A private RabbitMQ node for the whole session (rabbitmq.RabbitMQNode: own node name, ports, data, cookie);
     never the machine's RabbitMQ. Without rabbitmq-server the test skips, or fails when CI=true."""
-    from servers import RABBITMQ_HINT, rabbitmq_binaries, rabbitmq_node
+    from rabbitmq import rabbitmq_node
 
-    if rabbitmq_binaries() is None:
-        message = f"rabbitmq-server is not installed, so the RabbitMQ tests cannot start their own node: {RABBITMQ_HINT}"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
     with rabbitmq_node(tmp_path_factory.mktemp("rabbitmq")) as node:
         yield node
 

@@ -1,6 +1,6 @@
 """A RabbitMQ broker node killed with SIGKILL mid-run and restarted on its data: with the farm's quorum queues every
 problem is still decided exactly once, within twice the fault-free run's wall time plus one hard time limit. The
-node is private (tests/trust_rabbit.py), never the machine's shared RabbitMQ."""
+node is private (tests/rabbitmq.py, the session's node, a vhost per run), never the machine's shared RabbitMQ."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 from farm_helpers import write_catalog
 from faultkit import assert_exactly_once, fault_fleet, wait_busy
 from test_faults import CATALOG, PROBLEMS, Coordinator, finished_cleanly
-from trust_rabbit import rabbit_node
 
 pytestmark = pytest.mark.servers
 
 
-def run(tmp_path, name: str, fault) -> tuple[float, float]:
-    """(wall seconds, the hard time limit of one group task) of the catalog's run with ``fault`` injected."""
-    with rabbit_node() as node, fault_fleet(tmp_path / name, ("cpu:0", "cpu:1"), node.url()) as f:
+def run(node, tmp_path, name: str, fault) -> tuple[float, float]:
+    """(wall seconds, the hard time limit of one group task) of the catalog's run on a fresh vhost of ``node``
+    with ``fault`` injected."""
+    with node.vhost() as url, fault_fleet(tmp_path / name, ("cpu:0", "cpu:1"), url) as f:
         coordinator = Coordinator(f, write_catalog(tmp_path / f"{name}.toml", CATALOG))
         started = time.monotonic()
         coordinator.start()
@@ -28,26 +28,17 @@ def run(tmp_path, name: str, fault) -> tuple[float, float]:
         hard = f.settings.time_limits(coordinator.catalog.policy)[1]
         finished_cleanly(summary)
         assert_exactly_once(f, PROBLEMS)
-        types = queue_types_of(node)
+        types = node.queue_types(url.rsplit("/", 1)[1])
         assert {t for q, t in types.items() if q.startswith("farm.fp.")} == {"quorum"}, types
     return wall, hard
 
 
-def queue_types_of(node) -> dict[str, str]:
-    import subprocess
-
-    out = subprocess.run(["rabbitmqctl", "-n", node.env["RABBITMQ_NODENAME"], "-q", "list_queues", "-p", "farm",
-                          "name", "type", "--no-table-headers"], capture_output=True, text=True, timeout=120,
-                         env=node.env).stdout
-    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
-
-
-def test_a_rabbitmq_node_killed_and_restarted_on_its_data_loses_and_duplicates_nothing(tmp_path):
-    baseline, _ = run(tmp_path, "quiet", lambda node: None)
+def test_a_rabbitmq_node_killed_and_restarted_on_its_data_loses_and_duplicates_nothing(rabbitmq_srv, tmp_path):
+    baseline, _ = run(rabbitmq_srv, tmp_path, "quiet", lambda node: None)
 
     def kill_and_restart(node) -> None:
         node.kill()
         node.start()  # on the same data: the quorum queues and their messages come back
 
-    faulted, hard = run(tmp_path, "killed", kill_and_restart)
+    faulted, hard = run(rabbitmq_srv, tmp_path, "killed", kill_and_restart)
     assert faulted <= 2 * baseline + hard, (faulted, baseline, hard)  # the issue's target for every fault scenario

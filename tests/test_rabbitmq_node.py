@@ -1,4 +1,4 @@
-"""The tests' private RabbitMQ node (tests/servers.py RabbitMQNode): never the machine's RabbitMQ, and a broker
+"""The tests' private RabbitMQ node (tests/rabbitmq.py RabbitMQNode): never the machine's RabbitMQ, and a broker
 that can be SIGKILLed and started again on its data, as the broker-fault tests need."""
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ PROBLEMS = 400
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_a_minute_of_seeded_chaos_loses_and_duplicates_no_decision(tmp_path, broker):
     from chaos import KINDS, run_soak
-    from servers import IN_CI, RABBITMQ_HINT, rabbitmq_binaries
+    from rabbitmq import require_rabbitmq
 
-    if broker == "rabbitmq" and rabbitmq_binaries() is None:  # the soak starts (and kills) a node of its own
-        (pytest.fail if IN_CI else pytest.skip)(f"rabbitmq-server is not installed: {RABBITMQ_HINT}")
+    if broker == "rabbitmq":  # the soak starts (and kills) a node of its own
+        require_rabbitmq("the soak cannot start its own node")
     lines: list[str] = []
     result = run_soak(tmp_path, PROBLEMS, pace_ms=150, seed=28, every=3.0, broker=broker, freeze=4.0, down=1.5,
                       timeout=600, log=lines.append)

@@ -121,14 +121,15 @@ def test_the_compose_tls_profile_serves_redis_on_tls_only_and_every_client_verif
 
 def test_a_worker_and_the_coordinator_use_an_amqps_broker_node_with_verification_and_a_wrong_ca_names_it(
         tls_redis, tmp_path):
-    from trust_rabbit import rabbit_node
+    from rabbitmq import rabbitmq_node
 
     _, port, certs = tls_redis
     results = tls_url(port, 1, certs)
     env = farm_env({**WORKER_ENV, "FARM_PREFIX": "tlsq"})
     other = certificates(tmp_path / "other")
-    with rabbit_node(certs) as rabbit:
-        worker = start_worker("cpu:0", rabbit.url(other / "ca.pem"), results, tmp_path / "bad", env)
+    with rabbitmq_node(tmp_path / "rabbitmq", certs) as rabbit, rabbit.vhost(certs / "ca.pem") as broker:
+        wrong_ca = broker.replace(str(certs / "ca.pem"), str(other / "ca.pem"))  # the same vhost, another CA
+        worker = start_worker("cpu:0", wrong_ca, results, tmp_path / "bad", env)
         try:
             assert worker.process.wait(120) == 2
         finally:
@@ -137,7 +138,6 @@ def test_a_worker_and_the_coordinator_use_an_amqps_broker_node_with_verification
         assert len(lines) == 1 and f"cannot reach the broker at 127.0.0.1:{rabbit.port}" in lines[0], lines
         assert "CERTIFICATE_VERIFY_FAILED" in lines[0]
 
-        broker = rabbit.url(certs / "ca.pem")
         worker = start_worker("cpu:0", broker, results, tmp_path / "w", env)
         try:
             plain = tls_redis[0].client(1)

@@ -231,7 +231,7 @@ def ensure_redis() -> None:
 
 
 def ensure_rabbitmq() -> None:
-    """The RabbitMQ tests start a private node of their own (tests/servers.py RabbitMQNode: own node name, ports,
+    """The RabbitMQ tests start a private node of their own (tests/rabbitmq.py RabbitMQNode: own node name, ports,
     data and cookie; never the machine's RabbitMQ on 5672): they need rabbitmq-server installed, nothing running."""
     if shutil.which("rabbitmq-server") is None and not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
         _install_for_tests("the RabbitMQ tests", "rabbitmq-server")
