@@ -190,6 +190,21 @@ def test_a_second_compile_of_the_same_space_compiles_nothing_and_serves_every_co
         assert set(cubin.kernels(stored.cubin)) == set(job.entries)
 
 
+def test_the_compile_pool_is_kept_between_stages_and_replaced_when_its_processes_died(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    jobs = stage.jobs_for([small_set([16, 32], [4])], ARCH)
+    stage.compile_all(jobs, kcache.DirectoryCache(tmp_path / "a"), processes=2)
+    pool = stage._pool(2)
+    assert stage.compile_all(jobs, kcache.DirectoryCache(tmp_path / "b"), processes=2).compiled == 2
+    assert stage._pool(2) is pool  # started once, kept
+    for pid in list(pool._processes):  # a compile process killed (OOM, a crash in NVRTC): the pool is broken
+        os.kill(pid, signal.SIGKILL)
+    again = stage.compile_all(jobs, kcache.DirectoryCache(tmp_path / "c"), processes=2)
+    assert (again.compiled, again.failed) == (2, 0) and stage._pool(2) is not pool
+
+
 def test_a_directory_cache_entry_is_json_plus_cubin_and_a_corrupt_entry_names_its_file(tmp_path: Path) -> None:
     cache = kcache.DirectoryCache(tmp_path)
     entry = stage.compile_job(gemm_job(16, 2))

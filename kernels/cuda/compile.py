@@ -21,9 +21,11 @@ import multiprocessing
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -213,6 +215,22 @@ class CompileSummary:
         return {c[len(head):]: reason for c, reason in self.rejected().items() if c.startswith(head)}
 
 
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(processes: int) -> ProcessPoolExecutor:
+    """This process's pool of ``processes`` compile processes, started at first use and kept: starting an
+    interpreter that loads NVRTC costs about as much as compiling a few configs, and a coordinator compiles before
+    every run. Spawned, never forked (the caller may hold threads or sockets)."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(processes)
+        if pool is None:
+            pool = _POOLS[processes] = ProcessPoolExecutor(max_workers=processes,
+                                                           mp_context=multiprocessing.get_context("spawn"))
+        return pool
+
+
 def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int = 1) -> CompileSummary:
     """Serve ``jobs`` from ``cache`` and compile the misses on ``processes`` cores, storing every new entry."""
     start = time.perf_counter()
@@ -230,10 +248,13 @@ def compile_all(jobs: Sequence[CompileJob], cache: KernelCache, processes: int =
     if len(misses) == 1 or (misses and processes <= 1):
         fresh = [compile_job(job) for job in misses.values()]
     elif misses:
-        context = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads or sockets
-        with ProcessPoolExecutor(max_workers=min(processes, len(misses)), mp_context=context) as pool:
-            results = pool.map(_compile_json, [job.to_json() for job in misses.values()])
-            fresh = [KernelEntry.from_meta("compile worker", meta, data) for meta, data in results]
+        sent = [job.to_json() for job in misses.values()]
+        try:
+            results = list(_pool(processes).map(_compile_json, sent))
+        except BrokenProcessPool:  # a compile process died (killed, or NVRTC crashed it): once more, a fresh pool
+            _POOLS.pop(processes, None)
+            results = list(_pool(processes).map(_compile_json, sent))
+        fresh = [KernelEntry.from_meta("compile worker", meta, data) for meta, data in results]
     for entry in fresh:
         cache.put(entry)
         entries[entry.key] = entry
