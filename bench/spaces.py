@@ -17,6 +17,11 @@ overhead of a space of a million configs, and the farm searching one space with 
   space ``bench_space`` (bench/bench_ops.py: configs of known cost, busy waits) in rounds with ``random`` and
   ``max_configs=48``: wall seconds of each run, configs evaluated, and the speedup of 2 workers over 1 (a config
   is sent whenever a device is free).
+- ``grow``: a space grown by one parameter value. In-process, the known-cost space with block=2048 added: configs
+  evaluated and seconds of the incremental search against a full search of the grown space (scripted trials).
+  On the embedded farm (`farm tune --cache-dir`, one process), ``bench_space`` tuned exhaustively, then grown by
+  tile=13 (bench/bench_grown.py) and tuned again: the incremental run against a full run of the grown space
+  (``--force``), configs evaluated and wall seconds of each.
 
     .venv/bin/python bench/spaces.py [--seeds 10] [--budget 60] [--quick] [--only farm]
 """
@@ -53,10 +58,13 @@ def known_cost(block: int, unroll: int, vector: str, order: str) -> float:
     return KNOWN_OPTIMUM * (1.0 + bowl + lanes + (0.12 if order == "col" else 0.0))
 
 
-def known_set() -> farm.TunableSet:
+KNOWN_BLOCKS = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def known_set(blocks: tuple[int, ...] = KNOWN_BLOCKS) -> farm.TunableSet:
     ts = farm.TunableSet("known", signature=farm.array_signature)
     ts.add(lambda x: x, name="reference", reference=True)
-    ts.space(name="kernel", block=[8, 16, 32, 64, 128, 256, 512, 1024], unroll=[1, 2, 4, 8, 16],
+    ts.space(name="kernel", block=list(blocks), unroll=[1, 2, 4, 8, 16],
              vector=["scalar", "v2", "v4", "v8"], order=["row", "col"],
              restrict="block * unroll <= 8192")(lambda x, **config: x)
     return ts
@@ -227,13 +235,78 @@ def run_farm(max_configs: int) -> None:
     print(f"  2 workers / 1 worker speedup: {speedup:.2f}x (target >= 1.8x: {'met' if speedup >= 1.8 else 'not met'})")
 
 
+def run_grow() -> None:
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    policy = farm.StackPolicy(warmups=1, samples=3, min_speedup=1.0, budget=600.0)
+    problem = Problem(Scope.OPERATOR, "known", "bench", "w")
+    wrong = lambda c: c["vector"] == "v8" and c["block"] == 8  # noqa: E731
+    print("\ngrow: the known-cost space grown by block=2048 (24 feasible configs more), scripted trials")
+    rows = []
+    for label, tuner_first in (("full search of the grown space", False), ("incremental", True)):
+        tuner = StackTuner(policy)
+        if tuner_first:
+            old = known_set().roster()
+            tuner.select(problem, old, 0, Scripted(old, known_cost, 0, wrong=wrong))
+        roster = known_set((*KNOWN_BLOCKS, 2048)).roster()
+        started = time.perf_counter()
+        decision = tuner.select(problem, roster, 0, Scripted(roster, known_cost, 0, wrong=wrong))
+        seconds = time.perf_counter() - started
+        report = tuner.reports()[-1]
+        rows.append((label, report.evaluated, seconds, roster[decision.index].name, report.incremental))
+    for label, evaluated, seconds, winner, incremental in rows:
+        print(f"  {label:<32} {evaluated:>4} configs evaluated {seconds:7.3f} s  incremental={incremental}  "
+              f"winner {winner}")
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path[:0] = [str(root / "tests")]
+    from servers import farm_env
+
+    from farm.stores.base import DecisionRecord
+    from farm.stores.local import LocalStore
+
+    env = farm_env({"PYTHONPATH": os.pathsep.join([str(root / "bench"), farm_env()["PYTHONPATH"]])})
+    print("grow on the embedded farm: bench_space (96 configs, 10-16 ms each) tuned exhaustively (max_candidates 128), grown by tile=13 "
+          "(8 configs more), tuned again")
+    with tempfile.TemporaryDirectory() as tmp:
+        catalog = Path(tmp) / "space.toml"
+        catalog.write_text('[policy]\nsamples = 5\nwarmups = 1\nbudget = 600.0\nmax_relative_mad = 1.0\n'
+                           'max_candidates = 128\n\n[[problems]]\noperation = "bench_space"\nworkloads = [{ n = 64, dtype = "float64" }]\n')
+        cache = Path(tmp) / "cache"
+
+        def tune(kernels: str, *extra: str) -> tuple[float, DecisionRecord]:
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--cache-dir", str(cache),
+                                   "--kernels", kernels, *extra], capture_output=True, text=True, env=env, cwd=tmp)
+            seconds = time.perf_counter() - started
+            if done.returncode != 0:
+                raise SystemExit(done.stdout + done.stderr)
+            found = [DecisionRecord.from_json(t) for batch in LocalStore(cache).scan() for t, _, _ in batch]
+            latest = max((r for r in found if "[*]" not in r.cache_key), key=lambda r: r.created)
+            return seconds, latest
+
+        first, _ = tune("bench_ops")
+        incremental, grown = tune("bench_grown")
+        full, forced = tune("bench_grown", "--force")
+    print(f"  first search (96 configs):        {first:6.2f} s wall")
+    print(f"  full search of the grown space:   {full:6.2f} s wall, {forced.meta['evaluated']} configs evaluated")
+    print(f"  incremental search:               {incremental:6.2f} s wall, {grown.meta['evaluated']} configs evaluated "
+          f"(incremental={grown.meta['incremental']}), winner {grown.name}")
+    met = grown.meta["evaluated"] == 8 and rows[1][1] == 24
+    print(f"  only the new configs re-evaluated: {'met' if met else 'not met'}; the incremental run takes "
+          f"{incremental / full:.2f}x the full run's wall time")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10, help="seeds per sampling strategy (default 10)")
     parser.add_argument("--evaluations", type=int, default=60, help="max_configs of random and bayes (default 60)")
     parser.add_argument("--host", default=",".join(HOST_SPECS), help="host operations to search (comma-separated)")
     parser.add_argument("--quick", action="store_true", help="3 seeds, 20 evaluations, one host operation")
-    parser.add_argument("--only", choices=("known", "host", "million", "farm"), help="run one part only")
+    parser.add_argument("--only", choices=("known", "host", "million", "farm", "grow"), help="run one part only")
     args = parser.parse_args(argv)
     seeds, evaluations = (3, 20) if args.quick else (args.seeds, args.evaluations)
     names = ["reduce_sum"] if args.quick else [n for n in args.host.split(",") if n]
@@ -242,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "host": lambda: run_host(max(1, seeds // 3), max(3, evaluations // 6), names),
         "million": lambda: run_million(40),
         "farm": lambda: run_farm(8 if args.quick else 48),
+        "grow": run_grow,
     }
     for name, part in parts.items():
         if args.only in (None, name):

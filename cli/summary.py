@@ -68,7 +68,8 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
     (the run's; exhaustive without one)."""
     meta = record.meta
     if isinstance(meta.get("evaluated"), int) and isinstance(meta.get("space_size"), int):
-        return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"))
+        return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"),
+                      meta.get("incremental") is True)
     try:
         from farm_kernels import registry
 
@@ -85,13 +86,13 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
 
 
 def partial_search(record: DecisionRecord, policy: StackPolicy | None = None) -> bool:
-    """Whether a space search left configs out on purpose or by force: a sampling strategy, a ``max_configs``, or
-    a candidate the budget left not tried (an exhaustive search of every feasible config is no news)."""
+    """Whether a space search left configs out on purpose or by force: a sampling strategy, a ``max_configs``, a
+    grown space searched incrementally, or a candidate the budget left not tried (an exhaustive search of every feasible config is no news)."""
     meta = record.meta
     strategy = meta.get("strategy") or (policy.strategy if policy is not None else "exhaustive")
     max_configs = meta.get("max_configs") if "strategy" in meta else (policy.max_configs if policy else None)
     cut = any(str(c.get("note", "")).startswith("not tried") for c in meta.get("candidates", []))
-    return strategy != "exhaustive" or max_configs is not None or cut
+    return strategy != "exhaustive" or max_configs is not None or cut or meta.get("incremental") is True
 
 
 def confirmation_text(note: str) -> str:

@@ -15,6 +15,8 @@ from farm.environment import farm_version
 from farm.keyroster import KeyRoster
 from farm.policy import StackPolicy
 from farm.scoring import Standing, judge
+from farm.spacesearch import family_of_key
+from farm.spacesearch import family_record as as_family
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
@@ -28,8 +30,10 @@ META_FIELDS = (
     "confirmation_ratio", "rejected_winner",
 )
 # A problem tuned over a space adds the search's effort (as the in-process search records it, farm.spacesearch):
-# the run's strategy, seed and max_configs, the space configs judged and how many its spaces declare.
-SPACE_FIELDS = ("strategy", "seed", "max_configs", "evaluated", "space_size")
+# the run's strategy, seed and max_configs, the space configs judged and how many its spaces declare, the value
+# lists a complete search covered (None: not complete), the winner's name and whether the search was incremental
+# (a grown space: only the configs its family's earlier search lacked, against the stored winner).
+SPACE_FIELDS = ("strategy", "seed", "max_configs", "evaluated", "space_size", "covered", "winner", "incremental")
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,17 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
     planned_out = {o.name for o in problem.skipped}  # banned, or rejected by the compile stage: never timed
-    meta.update(space_effort(first.cache_key, [o for o in outcomes.values() if o.name not in planned_out], policy))
+    prior = problem.family.prior if problem.family is not None else None
+    if prior is not None:
+        planned_out.add(prior.winner)  # judged again, not evaluated anew (as in-process)
+    effort = space_effort(first.cache_key, [o for o in outcomes.values() if o.name not in planned_out], policy)
+    if effort and problem.family is not None:
+        complete = (policy.strategy == "exhaustive" and not budget_exhausted
+                    and (policy.max_configs is None or effort["evaluated"] < policy.max_configs)
+                    and all(o.verdict is not TrialVerdict.GROUP_FAILED for o in outcomes.values()))
+        effort.update(covered=problem.family.covered if complete else None, winner=names[winner],
+                      incremental=prior is not None)
+    meta.update(effort)
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
                      worker_of.get(winner), budget_exhausted, by_group)
@@ -150,6 +164,22 @@ def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolic
     evaluated = sum(1 for o in outcomes if roster.in_space(o.index) and o.verdict is not TrialVerdict.NOT_TRIED)
     return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
             "evaluated": evaluated, "space_size": size}
+
+
+def family_record(agg: Aggregate) -> tuple[DecisionRecord, str] | None:
+    """What a complete space search publishes besides its decision (``farm.spacesearch.family_record``, under the
+    key the in-process search looks for), and the family's problem id the next run's Planner looks it up by. None
+    for any other decision."""
+    family, record = agg.problem.family, agg.record
+    if family is None or record is None or not family.problem_id or record.meta.get("covered") is None:
+        return None
+    try:
+        key = family_of_key(record.cache_key, family.entries)
+    except ValueError:
+        return None
+    if key == record.cache_key:
+        return None  # the key names none of the planned spaces (another build)
+    return as_family(record, key), family.problem_id
 
 
 def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], error: str, trial_seconds: float) -> Aggregate:
@@ -253,6 +283,8 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
     if contradicted is not None:
         meta["confirmation"] = contradicted
         meta["rejected_winner"] = record.name
+        if "winner" in meta:  # a space search's record names its winner: the reference now
+            meta["winner"] = str(meta["reference"])
         reference = DecisionRecord(record.cache_key, 0, 0, str(meta["reference"]), True, 1.0, record.created, meta)
         return _replace(agg, reference, reference.name, 1.0, extra)
     if reason is not None:

@@ -115,7 +115,7 @@ class Claims:
         assert self.planner is not None
         take = list(itertools.islice(self.backlog, min(self.left, self.window - active)))
         self.left = self.left - len(take) if take else 0
-        return self.claim(self.board.add([self.planner.problem(t, w, pid) for pid, t, w in take]))
+        return self.claim(self.board.add(self.planner.problems(take)))
 
     def claim(self, candidates: list[Tracked], taken: Taken | None = None) -> Taken:
         """Lease what is free, give each leased problem its round, find the successful results stored under it

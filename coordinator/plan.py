@@ -9,16 +9,30 @@ one after the other, each carrying the budget the earlier ones left), so the bud
 search on the farm as in-process. Tiny groups travel
 in batches (:func:`batch_size`, :func:`in_flight_limit`) so that the broker's cost per task is shared. A candidate
 the fleet banned for a problem (``coordinator/bans.py``) is planned as SKIPPED for that problem only.
+
+**Incremental spaces.** A problem whose tunable set has spaces has a *family* (:class:`SpaceFamily`): the same
+problem with each space's value lists left out. A problem's id covers its spaces' value lists (a grown space is a
+new problem), its family's id does not. A complete search publishes a family record under the family's id too
+(``farm_coordinator.publish``), and the Planner looks it up (``families``): when a space grew, the problem is
+planned as the in-process search does it (``farm.spacesearch``): the stored winner and only the configs the old
+space lacked, against the reference; the other listed candidates, judged before, are not planned again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import hashlib
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
+from farm.encoding import fields
+from farm.identity import Candidate
 from farm.policy import StackPolicy
+from farm.roster import Roster
 from farm.search import admit
+from farm.spacesearch import Covered, Prior, covered_by, covered_positions, family_entries, prior_of
+from farm.stores.base import DecisionRecord
 from farm.trials import Outcome, TrialVerdict
 from farm_coordinator.catalog import Catalog, Workload
 from farm_fleet.protocol import REFERENCE_GROUP, GroupTask, problem_id
@@ -35,6 +49,22 @@ class Target:
 
 
 @dataclass(frozen=True)
+class SpaceFamily:
+    """A problem's family (its tunable set has spaces): the family record's problem id, each space descriptor of
+    the cache key -> its family entry (``farm.spacesearch.family_entries``), the value lists a complete search of
+    this problem covers, and the earlier complete search found for the family (None: a full search)."""
+
+    problem_id: str
+    entries: Mapping[str, Candidate]
+    covered: Covered
+    prior: Prior | None = None
+
+
+# Where a Planner finds family records: (fingerprint digest, family problem ids) -> the records found, by id.
+Families = Callable[[str, list[str]], Mapping[str, DecisionRecord]]
+
+
+@dataclass(frozen=True)
 class PlannedProblem:
     """What the catalog and the fingerprint fix about one problem of a run: its id, target and workload, its group
     tasks in plan order (under the run's id: the round a claim gives it is state, ``ProblemState.round``) and the
@@ -45,6 +75,7 @@ class PlannedProblem:
     workload: Workload
     tasks: tuple[GroupTask, ...]
     skipped: tuple[Outcome, ...] = ()
+    family: SpaceFamily | None = field(default=None, compare=False)
 
     def revision(self, name: str) -> str:
         """The revision of a candidate this problem's tasks name (KeyError for another name)."""
@@ -68,6 +99,8 @@ class Groups:
     checksum: str
     groups: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
     refused: tuple[Outcome, ...]
+    family: SpaceFamily | None = None  # its problem id left empty: Planner.problem fills it per problem
+    family_checksum: str = ""  # what the family's id covers: the set's checksum, its spaces' values left out
 
     @property
     def trials(self) -> int:
@@ -81,20 +114,24 @@ def searches_spaces(policy: StackPolicy) -> bool:
 
 
 def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = (),
-                rejected: Mapping[str, str] | None = None) -> Groups:
+                rejected: Mapping[str, str] | None = None, prior: Prior | None = None) -> Groups:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
     try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes.
     Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here.
     ``rejected``: configs the compile stage rejected (name -> its verdict, ``farm_coordinator.precompile``), each
-    an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search)."""
+    an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search). ``prior``: the
+    family record of an earlier complete search (a grown space): only its winner and the configs it did not cover
+    are planned (a space search leaves the covered ones out too, ``farm_coordinator.spacesearch``)."""
     from farm_kernels import registry
 
     tunable = registry.get(operation).tunable(device_kind)
-    if tunable.spaces and searches_spaces(catalog.policy):  # the spaces are the strategy's (SpaceSearch)
-        roster = tunable.roster()
+    roster = tunable.roster() if tunable.spaces else None
+    if roster is not None and searches_spaces(catalog.policy):  # the spaces are the strategy's (SpaceSearch)
         order = [roster.indices[p] for p in roster.plain_positions]
     else:
         order = tunable.search_order()  # the cache key's candidate list: the reference first
+    if roster is not None and prior is not None:
+        order = _incremental(order, roster, prior)
     candidates = [tunable[i].candidate() for i in order]
     rejected = rejected or {}
     planned_names = {c.name for c in candidates}
@@ -118,7 +155,26 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
     if not planned:  # only the reference: one task still yields the cache key and its timings
         ref = candidates[0]
         planned = ((REFERENCE_GROUP, ((ref.name, ref.revision),)),)
-    return Groups(tunable.checksum(), planned, tuple(refused))
+    if roster is None:
+        return Groups(tunable.checksum(), planned, tuple(refused))
+    # A problem's id covers its spaces' value lists (a grown space is a new problem); its family's id does not.
+    descriptors = [e.name for e in roster.key_entries if e.name in family_entries(roster)]
+    checksum = hashlib.sha256(fields([tunable.checksum(), *descriptors]).encode()).hexdigest()
+    family = SpaceFamily("", family_entries(roster), covered_by(roster), prior)
+    return Groups(checksum, planned, tuple(refused), family, tunable.checksum())
+
+
+def _incremental(order: list[int], roster: Roster, prior: Prior) -> list[int]:
+    """A grown space's plan (``order``: tunable indices, the reference first): the reference, the prior's winner,
+    then the space configs the prior did not cover, in order (the other listed candidates were judged)."""
+    covered = covered_positions(roster, prior)
+    winner = roster.position(prior.winner)
+    kept = [order[0]] + ([roster.indices[winner]] if winner is not None and winner != 0 else [])
+    for index in order[1:]:
+        segment = next(s for s in roster.segments if s.index <= index < s.index + s.size)
+        if segment.space is not None and index not in kept and not covered(segment.start + index - segment.index):
+            kept.append(index)
+    return kept
 
 
 class Planner:
@@ -128,13 +184,16 @@ class Planner:
 
     def __init__(self, catalog: Catalog, targets: list[Target], run: str,
                  bans: Mapping[str, Mapping[str, Collection[str]]] | None = None,
-                 rejected: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None) -> None:
+                 rejected: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
+                 families: Families | None = None) -> None:
         """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it. ``rejected``:
         fingerprint digest -> operation -> the configs its compile stage rejected, with their verdicts
-        (``farm_coordinator.precompile``)."""
+        (``farm_coordinator.precompile``). ``families``: where family records are found (None: every problem
+        with spaces is searched in full, as a forced run does)."""
         self.catalog, self.targets, self.run = catalog, targets, run
         self.bans = bans or {}
         self.rejected = rejected or {}
+        self.families = families
         self.policy_dict = catalog.policy.to_dict()
         self.accuracy = catalog.policy.accuracy_key()
         self._groups: dict[tuple[str, str, str], Groups] = {}
@@ -164,18 +223,49 @@ class Planner:
         return problem_id(target.digest, workload.operation, target.device_kind,
                           self.groups(target, workload).checksum, workload.normalized, self.accuracy)
 
-    def problem(self, target: Target, workload: Workload, pid: str | None = None) -> PlannedProblem:
-        """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already)."""
+    def family_id(self, target: Target, workload: Workload) -> str | None:
+        """The id of the problem's family record (its spaces' value lists left out), None without spaces."""
+        planned = self.groups(target, workload)
+        if planned.family is None:
+            return None
+        return problem_id(target.digest, workload.operation, target.device_kind, "family:" + planned.family_checksum,
+                          workload.normalized, self.accuracy)
+
+    def problem(self, target: Target, workload: Workload, pid: str | None = None,
+                prior: Prior | None = None) -> PlannedProblem:
+        """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already;
+        ``prior``: its family's earlier complete search, :meth:`problems` finds it)."""
         planned = self.groups(target, workload)
         pid = pid or self.problem_id(target, workload)
         banned = self.bans.get(target.digest, {}).get(pid)
-        if banned:
-            planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned,
-                                  self._rejected(target, workload))
+        if banned or prior is not None:
+            planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned or (),
+                                  self._rejected(target, workload), prior)
         tasks = tuple(GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
                                 self.policy_dict, target.digest, self.catalog.kernels)
                       for group, candidates in planned.groups)
-        return PlannedProblem(pid, target, workload, tasks, planned.refused)
+        family = planned.family
+        if family is not None:
+            family = dataclasses.replace(family, problem_id=self.family_id(target, workload) or "")
+        return PlannedProblem(pid, target, workload, tasks, planned.refused, family)
+
+    def problems(self, taken: Sequence[tuple[str, Target, Workload]]) -> list[PlannedProblem]:
+        """The problems of ``taken`` (id, target, workload), each with its family's earlier complete search when
+        one is on record and fresh: one read of the family records per fingerprint."""
+        priors: dict[str, Prior] = {}
+        wanted: dict[str, dict[str, str]] = {}  # digest -> family id -> problem id
+        for pid, target, workload in taken if self.families is not None else ():
+            family = self.family_id(target, workload)
+            if family is not None:
+                wanted.setdefault(target.digest, {})[family] = pid
+        now = time.time()
+        for digest, ids in wanted.items():
+            assert self.families is not None
+            for family, record in self.families(digest, list(ids)).items():
+                prior = prior_of(record.meta) if record.is_fresh(now, self.catalog.policy.ttl) else None
+                if prior is not None and family in ids:
+                    priors[ids[family]] = prior
+        return [self.problem(target, workload, pid, priors.get(pid)) for pid, target, workload in taken]
 
 
 def expand(catalog: Catalog, targets: list[Target], run: str,

@@ -1,5 +1,6 @@
 """Publication of a run's decisions: in batches (one sink call, each publication still atomic and fenced by its
-own lease) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds."""
+own lease) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. A complete space search's family record
+(``farm_coordinator.aggregate.family_record``) is published with its decision, in the same sink call."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 
 from farm.stores.base import Publication
-from farm_coordinator.aggregate import Aggregate, trial_rows
+from farm_coordinator.aggregate import Aggregate, family_record, trial_rows
 from farm_coordinator.claims import Claims
 from farm_coordinator.machine import ACTIVE, Board, Tracked
 from farm_coordinator.ports import Leases
@@ -62,7 +63,11 @@ class Publisher:
             batch.append((agg, t, fence))
             publications.append(Publication(agg.record, agg.problem.target.fingerprint, t.pid,
                                             tuple(trial_rows(agg)), fence=fence))
-        replies = self.sink.publish_many(publications) if publications else []
+        # A complete space search's family record travels in the same call (one transaction), unfenced: it records
+        # a search that was complete whoever holds the problem now (what a grown space's next search starts from).
+        publications += [Publication(found[0], agg.problem.target.fingerprint, found[1])
+                         for agg, _, _ in batch if (found := family_record(agg)) is not None]
+        replies = self.sink.publish_many(publications)[:len(batch)] if publications else []
         self.waiting.clear()
         for (agg, t, fence), (_, reason) in zip(batch, replies, strict=True):
             if reason.startswith("refused"):

@@ -161,7 +161,8 @@ class _Run:
         precompiled = self.precompile(self.catalog, targets) if self.precompile is not None else None
         for note in precompiled.notes if precompiled is not None else ():
             self.console.log(note)
-        planner = Planner(self.catalog, targets, self.run, banned, precompiled.rejected if precompiled else None)
+        planner = Planner(self.catalog, targets, self.run, banned, precompiled.rejected if precompiled else None,
+                          None if self.claims.force else self.claims.sink.problem_records)
         if next(planner.pairs(), None) is None:
             kinds = sorted({t.device_kind for t in targets})
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")

@@ -29,9 +29,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.scoring import judge
+from farm.spacesearch import covered_positions
 from farm.strategies import Strategy as FarmStrategy
 from farm.strategies import make_strategy, replay
 from farm.trials import TrialVerdict
+from farm.tunable import TunableSet
 from farm_coordinator.plan import PlannedProblem, searches_spaces
 from farm_coordinator.strategy import PRIORITY_GROUPS, Ask, Strategy
 from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, GroupResult
@@ -56,18 +58,28 @@ def parse_group(name: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-@functools.lru_cache(maxsize=64)
 def _roster(operation: str, device_kind: str) -> Roster:
     from farm_kernels import registry
 
-    return registry.get(operation).tunable(device_kind).roster()
+    return _roster_of(registry.get(operation).tunable(device_kind))
 
 
-def rejected_positions(roster: Roster, plan: PlannedProblem) -> Callable[[int], bool] | None:
+@functools.lru_cache(maxsize=64)
+def _roster_of(tunable: TunableSet) -> Roster:
+    """A tunable set's roster, built once per set object (an operation registered anew gets its own)."""
+    return tunable.roster()
+
+
+def excluded_positions(roster: Roster, plan: PlannedProblem) -> Callable[[int], bool] | None:
     """The configs never to ask: those the compile stage rejected (the plan's REJECTED outcomes,
-    ``farm_coordinator.precompile``); None when there are none."""
+    ``farm_coordinator.precompile``) and, for a grown space, those its family's earlier search covered (the
+    stored winner among them is a planned group); None when there are none."""
     names = {o.name for o in plan.skipped if o.verdict is TrialVerdict.REJECTED}
-    return (lambda position: roster.names[position] in names) if names else None
+    prior = plan.family.prior if plan.family is not None else None
+    if prior is None:
+        return (lambda position: roster.names[position] in names) if names else None
+    covered = covered_positions(roster, prior)
+    return lambda position: covered(position) or roster.names[position] in names
 
 
 class SpaceSearch:
@@ -87,7 +99,7 @@ class SpaceSearch:
         roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
         if not roster.has_spaces:
             return ()
-        strategy = make_strategy(roster, self.policy, rejected_positions(roster, plan))
+        strategy = make_strategy(roster, self.policy, excluded_positions(roster, plan))
         pending = [g for g in in_flight if parse_group(g) is not None]
         if not strategy.adaptive:
             return self._free(roster, strategy, results, pending, capacity)

@@ -66,14 +66,34 @@ class Explored:
     incremental: bool
 
 
+def family_entries(roster: Roster) -> dict[str, Candidate]:
+    """Each space's key entry (its descriptor) -> the entry its family record lists instead (values left out)."""
+    return {s.space.descriptor(): Candidate(f"{s.space.name}[*]", hashlib.sha256(s.space.family().encode()).hexdigest()[:32])
+            for s in roster.spaces() if s.space is not None}
+
+
 def family_key(problem: Problem, roster: Roster, reference: int, policy: StackPolicy) -> str:
     """The key of a roster's family record: its cache key with each space named by its family, not its values."""
-    entries = tuple(
-        Candidate(f"{s.space.name}[*]", hashlib.sha256(s.space.family().encode()).hexdigest()[:32])
-        if s.space is not None else entry
-        for s, entry in zip(roster.segments, roster.key_entries, strict=True)
-    )
-    return CacheKey.of(problem, entries, reference, policy).encode()
+    return family_of_key(CacheKey.of(problem, roster.key_entries, reference, policy), family_entries(roster))
+
+
+def family_of_key(key: CacheKey | str, entries: Mapping[str, Candidate]) -> str:
+    """The family record's key of a decision's cache key: each space descriptor ``entries`` names replaced by its
+    family entry (:func:`family_entries`; the farm's coordinator has them from planning, a worker the key)."""
+    decoded = CacheKey.decode(key) if isinstance(key, str) else key
+    return decoded.replace(candidates=tuple(entries.get(c.name, c) for c in decoded.candidates)).encode()
+
+
+def family_record(record: DecisionRecord, key: str) -> DecisionRecord:
+    """A decision as its family record (under the family ``key``, :func:`family_of_key`): its meta names the
+    winner (what the next search judges again); its index points at the winner's entry in the family key (the
+    reference, a listed candidate, or the ``space[*]`` entry of the winner's space), so the record is a valid one
+    for its key wherever it travels (archives check that the winner is the key's candidate at its index)."""
+    names = CacheKey.decode(key).names
+    entry = record.name if record.name in names else record.name.split("[", 1)[0] + "[*]"
+    index = names.index(entry) if entry in names else record.reference_index
+    return dataclasses.replace(record, cache_key=key, index=index, name=names[index],
+                               meta={**record.meta, "winner": record.name})
 
 
 def covered_by(roster: Roster) -> Covered:
@@ -86,14 +106,30 @@ def prior_of(meta: Mapping[str, Any]) -> Prior | None:
     covered, winner = meta.get("covered"), meta.get("winner")
     if not isinstance(covered, dict) or not isinstance(winner, str):
         return None
+    if not all(isinstance(lists, dict) and all(isinstance(v, list) for v in lists.values()) for lists in covered.values()):
+        return None
     return Prior(covered, winner)
 
 
-def _was_covered(space: Space, config: Mapping[str, Any], covered: Covered) -> bool:
+def was_covered(space: Space, config: Mapping[str, Any], covered: Covered) -> bool:
+    """Whether an earlier search that covered ``covered`` (a family record's value lists) judged ``config``."""
     lists = covered.get(space.name)
     if lists is None:
         return False
     return all(format_value(v) in {format_value(x) for x in lists.get(p, [])} for p, v in config.items())
+
+
+def covered_positions(roster: Roster, prior: Prior | None) -> Callable[[int], bool]:
+    """Whether the config at a roster position was judged by the search ``prior`` records (never, without one):
+    a grown space's search leaves those out (the stored winner among them is judged again, as a listed one)."""
+    if prior is None:
+        return lambda position: False
+
+    def covered(position: int) -> bool:
+        segment, rank = roster.locate(position)
+        return segment.space is not None and was_covered(segment.space, segment.space.config(rank), prior.covered)
+
+    return covered
 
 
 def explore(
@@ -108,13 +144,7 @@ def explore(
         winner = roster.position(prior.winner)
         first, refused = ([winner] if winner is not None and winner != reference else []), []
 
-    def exclude(position: int) -> bool:
-        if prior is None:
-            return False
-        segment, rank = roster.locate(position)
-        return segment.space is not None and _was_covered(segment.space, segment.space.config(rank), prior.covered)
-
-    strategy = make_strategy(roster, policy, exclude)  # before any trial: a missing Optuna fails at once
+    strategy = make_strategy(roster, policy, covered_positions(roster, prior))  # before any trial: a missing Optuna fails at once
     started = time.monotonic()
     deadline = started + policy.budget
     reference_times = reference_trials(runner, policy, reference, names[reference])
@@ -177,7 +207,7 @@ def decided(
     record = DecisionRecord(key, index, reference, name, verified, ratio, created, space_meta(policy, spaced, name))
     if spaced is None or spaced.covered is None or not isinstance(candidates, Roster):
         return [record]
-    return [record, dataclasses.replace(record, cache_key=family_key(problem, candidates, reference, policy))]
+    return [record, family_record(record, family_key(problem, candidates, reference, policy))]
 
 
 def search_report(problem: Problem, winner: str, elapsed: float, budget_exhausted: bool,

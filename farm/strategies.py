@@ -71,10 +71,11 @@ def replay(strategy: Strategy, rounds: Sequence[Sequence[tuple[int, float | None
     return strategy
 
 
-def effort(evaluated: int, space_size: int, strategy: str, seed: int | None) -> str:
-    """The summary of a space search: ``evaluated 60 of 10,240 configs (bayes, seed 0)``."""
+def effort(evaluated: int, space_size: int, strategy: str, seed: int | None, incremental: bool = False) -> str:
+    """The summary of a space search: ``evaluated 60 of 10,240 configs (bayes, seed 0)``; a grown space's
+    search says ``incremental`` (the other configs were covered by the stored decision)."""
     how = strategy if strategy == "exhaustive" or seed is None else f"{strategy}, seed {seed}"
-    return f"evaluated {evaluated:,} of {space_size:,} configs ({how})"
+    return f"evaluated {evaluated:,} of {space_size:,} configs ({how}{', incremental' if incremental else ''})"
 
 
 def space_size(roster: Roster) -> int:

@@ -36,11 +36,17 @@ def make(spec: Mapping[str, Any], xp: Any, rng: np.random.Generator) -> tuple[An
     return (xp.asarray(rng.random(spec["n"]), dtype=spec["dtype"]),)
 
 
-tunable = TunableSet("farmtest_space", signature=array_signature)
-tunable.add(slow_reference, name="slow_reference", reference=True)
-tunable.space(chunk=[7, 256, 1024, 4096], twice=[False, True], restrict="chunk >= 256 or not twice")(chunked)
+CHUNKS = (7, 256, 1024, 4096)
 
-OPERATIONS = (
-    Operation(name="farmtest_space", host=tunable, cuda=None, fields=(dim("n"),), dtypes={"cpu": ("float64",)},
-              make=make),
-)
+
+def operations(chunks: tuple[int, ...] = CHUNKS) -> tuple[Operation, ...]:
+    """The operation with its space over ``chunks`` (a test grows the space with a module of its own that
+    passes more values: the same family, as the same code with more values is)."""
+    tunable = TunableSet("farmtest_space", signature=array_signature)
+    tunable.add(slow_reference, name="slow_reference", reference=True)
+    tunable.space(chunk=list(chunks), twice=[False, True], restrict="chunk >= 256 or not twice")(chunked)
+    return (Operation(name="farmtest_space", host=tunable, cuda=None, fields=(dim("n"),),
+                      dtypes={"cpu": ("float64",)}, make=make),)
+
+
+OPERATIONS = operations()

@@ -21,6 +21,10 @@ workloads = [{ n = 3000, dtype = "float64" }]
 """
 
 
+def stored(cache) -> list[DecisionRecord]:
+    return [DecisionRecord.from_json(text) for batch in LocalStore(cache).scan() for text, _, _ in batch]
+
+
 def test_the_embedded_farm_tunes_every_config_of_a_space_and_the_runtime_reuses_its_winner(tmp_path) -> None:
     catalog = write_catalog(tmp_path / "c.toml", CATALOG, policy="samples = 5\nwarmups = 1\nbudget = 30.0\n"
                             "max_relative_mad = 1.0\nstrategy = \"exhaustive\"\n")
@@ -32,9 +36,14 @@ def test_the_embedded_farm_tunes_every_config_of_a_space_and_the_runtime_reuses_
     # Every feasible config was judged: an exhaustive, complete search gets no "evaluated N of M" line.
     assert "evaluated 7 of 8 configs" not in done.stdout, done.stdout
 
-    records = [DecisionRecord.from_json(text) for batch in LocalStore(tmp_path / "cache").scan() for text, _, _ in batch]
-    assert len(records) == 1
-    record = records[0]
+    records = stored(tmp_path / "cache")
+    # The decision, and its family record (the same decision under the key that names the space without its
+    # values: what a grown space's next search starts from).
+    assert len(records) == 2
+    (record,) = [r for r in records if "chunked[*]" not in r.cache_key]
+    (family,) = [r for r in records if "chunked[*]" in r.cache_key]
+    assert (family.meta["winner"], family.meta["covered"]) == (record.name, {"chunked": {"chunk": [7, 256, 1024, 4096],
+                                                                               "twice": [False, True]}})
     tried = {c["name"]: c["note"] for c in record.meta["candidates"]}
     feasible = {f"chunked[chunk={c},twice={t}]" for c in (7, 256, 1024, 4096) for t in (False, True)} - {
         "chunked[chunk=7,twice=True]"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from farm_helpers import fleet, write_catalog
-from farm_spaceops import tunable as space_tunable
+from farm_spaceops import OPERATIONS as SPACE_OPERATIONS
 from servers import start_worker, wait_worker_ready
 
 from farm.policy import StackPolicy
@@ -39,7 +39,7 @@ def result(group: str, names: list[str], verdict: TrialVerdict = TrialVerdict.RE
 
 
 def search(strategy: str, max_configs: int | None) -> SpaceSearch:
-    roster = space_tunable.roster()
+    roster = SPACE_OPERATIONS[0].host.roster()
     return SpaceSearch(StackPolicy(strategy=strategy, max_configs=max_configs, seed=3), lambda op, kind: roster)
 
 
