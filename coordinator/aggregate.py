@@ -15,8 +15,6 @@ from farm.environment import farm_version
 from farm.keyroster import KeyRoster
 from farm.policy import StackPolicy
 from farm.scoring import Standing, judge
-from farm.spacesearch import family_of_key
-from farm.spacesearch import family_record as as_family
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
@@ -164,22 +162,6 @@ def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolic
     evaluated = sum(1 for o in outcomes if roster.in_space(o.index) and o.verdict is not TrialVerdict.NOT_TRIED)
     return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
             "evaluated": evaluated, "space_size": size}
-
-
-def family_record(agg: Aggregate) -> tuple[DecisionRecord, str] | None:
-    """What a complete space search publishes besides its decision (``farm.spacesearch.family_record``, under the
-    key the in-process search looks for), and the family's problem id the next run's Planner looks it up by. None
-    for any other decision."""
-    family, record = agg.problem.family, agg.record
-    if family is None or record is None or not family.problem_id or record.meta.get("covered") is None:
-        return None
-    try:
-        key = family_of_key(record.cache_key, family.entries)
-    except ValueError:
-        return None
-    if key == record.cache_key:
-        return None  # the key names none of the planned spaces (another build)
-    return as_family(record, key), family.problem_id
 
 
 def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], error: str, trial_seconds: float) -> Aggregate:

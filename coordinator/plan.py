@@ -12,7 +12,7 @@ the fleet banned for a problem (``coordinator/bans.py``) is planned as SKIPPED f
 
 **Incremental spaces.** A problem whose tunable set has spaces has a *family* (:class:`SpaceFamily`): the same
 problem with each space's value lists left out. A problem's id covers its spaces' value lists (a grown space is a
-new problem), its family's id does not. A complete search publishes a family record under the family's id too
+new problem), its family's id does not. A complete search's decision is indexed under the family's id too
 (``farm_coordinator.publish``), and the Planner looks it up (``families``): when a space grew, the problem is
 planned as the in-process search does it (``farm.spacesearch``): the stored winner and only the configs the old
 space lacked, against the reference; the other listed candidates, judged before, are not planned again.
@@ -27,11 +27,10 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from farm.encoding import fields
-from farm.identity import Candidate
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.search import admit
-from farm.spacesearch import Covered, Prior, covered_by, covered_positions, family_entries, prior_of
+from farm.spacesearch import Covered, Prior, covered_by, covered_positions, prior_of
 from farm.stores.base import DecisionRecord
 from farm.trials import Outcome, TrialVerdict
 from farm_coordinator.catalog import Catalog, Workload
@@ -50,17 +49,16 @@ class Target:
 
 @dataclass(frozen=True)
 class SpaceFamily:
-    """A problem's family (its tunable set has spaces): the family record's problem id, each space descriptor of
-    the cache key -> its family entry (``farm.spacesearch.family_entries``), the value lists a complete search of
-    this problem covers, and the earlier complete search found for the family (None: a full search)."""
+    """A problem's family (its tunable set has spaces): the family's id (a complete search's decision is indexed
+    under it too), the value lists a complete search of this problem covers, and the family's earlier complete
+    search found for it (None: a full search)."""
 
     problem_id: str
-    entries: Mapping[str, Candidate]
     covered: Covered
     prior: Prior | None = None
 
 
-# Where a Planner finds family records: (fingerprint digest, family problem ids) -> the records found, by id.
+# Where a Planner finds a family's last complete decision: (fingerprint digest, family ids) -> the records, by id.
 Families = Callable[[str, list[str]], Mapping[str, DecisionRecord]]
 
 
@@ -120,7 +118,7 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
     Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here.
     ``rejected``: configs the compile stage rejected (name -> its verdict, ``farm_coordinator.precompile``), each
     an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search). ``prior``: the
-    family record of an earlier complete search (a grown space): only its winner and the configs it did not cover
+    family's earlier complete search (a grown space): only its winner and the configs it did not cover
     are planned (a space search leaves the covered ones out too, ``farm_coordinator.spacesearch``)."""
     from farm_kernels import registry
 
@@ -158,9 +156,9 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
     if roster is None:
         return Groups(tunable.checksum(), planned, tuple(refused))
     # A problem's id covers its spaces' value lists (a grown space is a new problem); its family's id does not.
-    descriptors = [e.name for e in roster.key_entries if e.name in family_entries(roster)]
+    descriptors = [s.space.descriptor() for s in roster.spaces() if s.space is not None]
     checksum = hashlib.sha256(fields([tunable.checksum(), *descriptors]).encode()).hexdigest()
-    family = SpaceFamily("", family_entries(roster), covered_by(roster), prior)
+    family = SpaceFamily("", covered_by(roster), prior)
     return Groups(checksum, planned, tuple(refused), family, tunable.checksum())
 
 
@@ -188,7 +186,7 @@ class Planner:
                  families: Families | None = None) -> None:
         """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it. ``rejected``:
         fingerprint digest -> operation -> the configs its compile stage rejected, with their verdicts
-        (``farm_coordinator.precompile``). ``families``: where family records are found (None: every problem
+        (``farm_coordinator.precompile``). ``families``: where a family's last complete decision is found (None: every problem
         with spaces is searched in full, as a forced run does)."""
         self.catalog, self.targets, self.run = catalog, targets, run
         self.bans = bans or {}
@@ -224,7 +222,7 @@ class Planner:
                           self.groups(target, workload).checksum, workload.normalized, self.accuracy)
 
     def family_id(self, target: Target, workload: Workload) -> str | None:
-        """The id of the problem's family record (its spaces' value lists left out), None without spaces."""
+        """The id of the problem's family (its spaces' value lists left out), None without spaces."""
         planned = self.groups(target, workload)
         if planned.family is None:
             return None
@@ -251,7 +249,7 @@ class Planner:
 
     def problems(self, taken: Sequence[tuple[str, Target, Workload]]) -> list[PlannedProblem]:
         """The problems of ``taken`` (id, target, workload), each with its family's earlier complete search when
-        one is on record and fresh: one read of the family records per fingerprint."""
+        one is on record and fresh: one read of the problem index per fingerprint."""
         priors: dict[str, Prior] = {}
         wanted: dict[str, dict[str, str]] = {}  # digest -> family id -> problem id
         for pid, target, workload in taken if self.families is not None else ():

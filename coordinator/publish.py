@@ -1,6 +1,6 @@
 """Publication of a run's decisions: in batches (one sink call, each publication still atomic and fenced by its
-own lease) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. A complete space search's family record
-(``farm_coordinator.aggregate.family_record``) is published with its decision, in the same sink call."""
+own lease) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. A complete space search's decision is
+indexed under its family's id too (:func:`family_alias`), in the same transaction."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 
 from farm.stores.base import Publication
-from farm_coordinator.aggregate import Aggregate, family_record, trial_rows
+from farm_coordinator.aggregate import Aggregate, trial_rows
 from farm_coordinator.claims import Claims
 from farm_coordinator.machine import ACTIVE, Board, Tracked
 from farm_coordinator.ports import Leases
@@ -62,12 +62,8 @@ class Publisher:
             fence = self.leases.fence(t.pid, t.state.lease)
             batch.append((agg, t, fence))
             publications.append(Publication(agg.record, agg.problem.target.fingerprint, t.pid,
-                                            tuple(trial_rows(agg)), fence=fence))
-        # A complete space search's family record travels in the same call (one transaction), unfenced: it records
-        # a search that was complete whoever holds the problem now (what a grown space's next search starts from).
-        publications += [Publication(found[0], agg.problem.target.fingerprint, found[1])
-                         for agg, _, _ in batch if (found := family_record(agg)) is not None]
-        replies = self.sink.publish_many(publications)[:len(batch)] if publications else []
+                                            tuple(trial_rows(agg)), fence=fence, aliases=family_alias(agg)))
+        replies = self.sink.publish_many(publications) if publications else []
         self.waiting.clear()
         for (agg, t, fence), (_, reason) in zip(batch, replies, strict=True):
             if reason.startswith("refused"):
@@ -77,3 +73,12 @@ class Publisher:
                     self.claims.lose(t)
                 continue
             self.settle.published(t, agg, reason, release=fence is None)
+
+
+def family_alias(agg: Aggregate) -> tuple[str, ...]:
+    """The family id a complete space search's decision is indexed under as well (``Publication.aliases``): what
+    a grown space's next run looks up (``farm_coordinator.plan``); none for any other decision."""
+    family, record = agg.problem.family, agg.record
+    if family is None or record is None or not family.problem_id or record.meta.get("covered") is None:
+        return ()
+    return (family.problem_id,)

@@ -96,3 +96,19 @@ def test_the_function_is_reloaded_after_a_server_flush(store, redis_db):
     store.publish(record(), FINGERPRINT)
     redis_db.function_flush()
     assert store.publish(record(name="again", created=500.0), FINGERPRINT)[0] is True
+
+
+def test_a_publications_aliases_index_the_same_record_in_the_same_call(store, tmp_path):
+    from farm.stores.base import Publication
+    from farm.stores.local import FARM, LocalStore
+
+    r = record()
+    local = LocalStore(tmp_path / "cache", owner=FARM)
+    for target in (store, local):
+        assert target.publish_many([Publication(r, FINGERPRINT, "p1", aliases=("family-1",))]) == [(True, "new")]
+        digest = store._digest(r.cache_key)
+        assert target.problem_records(digest, ["p1", "family-1", "p2"]) == {"p1": r, "family-1": r}
+        # A newer decision of another key under the alias: the alias follows it, the first problem keeps its own.
+        newer = record("key-2", created=200.0, name="faster")
+        target.publish_many([Publication(newer, FINGERPRINT, "p2", aliases=("family-1",))])
+        assert target.problem_records(digest, ["p1", "family-1"]) == {"p1": r, "family-1": newer}

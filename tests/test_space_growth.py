@@ -3,14 +3,13 @@ search plans it: the stored winner and only the configs the old space lacked, ag
 
 Table tests of the planning (the space of ``farm_spaceops`` grown by one chunk value), then the embedded farm
 (`farm tune --cache-dir`) and the real farm (a private redis-server, real `farm worker` processes, `farm tune`)
-tuning a space, growing it and tuning again; the in-process controller finds the farm's family record too."""
+tuning a space, growing it and tuning again: one decision per problem, the family's id indexing the last
+complete one."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,9 +18,7 @@ from farm_helpers import fleet, write_catalog
 from farm_spaceops import CHUNKS, operations
 from servers import farm_env, start_worker, wait_worker_ready
 
-from farm.keyroster import KeyRoster
 from farm.spacesearch import Prior, covered_by
-from farm.stores.archive.derived import winner_problem
 from farm.stores.base import DecisionRecord
 from farm.stores.local import LocalStore
 from farm.stores.redis import RedisDecisions
@@ -114,7 +111,7 @@ def test_the_planner_finds_the_family_record_and_plans_the_problem_incrementally
 def test_a_space_search_of_a_grown_space_never_asks_a_covered_config(space) -> None:
     roster = registry.get("farmtest_space").tunable("cpu").roster()
     task = GroupTask("run", "pid", "g0", "farmtest_space", "cpu", {"n": 10}, (("slow_reference", "1"),), {}, "d" * 16)
-    family = SpaceFamily("fid", {}, covered_by(roster), Prior(covered(), WINNER))
+    family = SpaceFamily("fid", covered_by(roster), Prior(covered(), WINNER))
     plan = PlannedProblem("pid", Target("d" * 16, "fp", "cpu", ("w0",)), None, (task,), family=family)  # type: ignore[arg-type]
     from farm.policy import StackPolicy
     from farm_fleet.protocol import GroupResult
@@ -144,12 +141,6 @@ def embedded_tune(catalog: Path, cache: Path, kernels: str, env: dict[str, str])
     return done.stdout
 
 
-def valid_for_its_key(record: DecisionRecord) -> bool:
-    """What archives check of every record: its winner is the key's candidate at its index."""
-    return winner_problem(KeyRoster.of_key(record.cache_key), record.index, record.reference_index, record.name,
-                          "field") is None
-
-
 def records(cache: Path) -> list[DecisionRecord]:
     return [DecisionRecord.from_json(text) for batch in LocalStore(cache).scan() for text, _, _ in batch]
 
@@ -158,49 +149,44 @@ def judged(record: DecisionRecord) -> set[str]:
     return {c["name"] for c in record.meta["candidates"]}
 
 
-def test_the_embedded_farm_tunes_a_grown_space_incrementally_and_the_runtime_goes_on_from_its_record(tmp_path) -> None:
+def family_id(catalog: Path, record: DecisionRecord) -> str | None:
+    """The family id of a decision's problem, as the coordinator computes it (the test's registry: :data:`GROWN`)."""
+    target = Target(record.meta["fingerprint"], "fp", "cpu")
+    (workload,) = load_catalog(catalog).workloads
+    return Planner(load_catalog(catalog), [target], "run").family_id(target, workload)
+
+
+def test_the_embedded_farm_tunes_a_grown_space_incrementally_again_and_again(space, tmp_path) -> None:
     catalog = write_catalog(tmp_path / "c.toml", SPACE, POLICY)
     cache = tmp_path / "cache"
     embedded_tune(catalog, cache, "farm_spaceops", farm_env())
-    (first,) = [r for r in records(cache) if "chunked[*]" not in r.cache_key]
+    (first,) = records(cache)
+    assert first.meta["covered"] == covered() and not first.meta["incremental"]
 
     out = embedded_tune(catalog, cache, "grownops", grown_module(tmp_path / "mods", "grownops", GROWN))
     assert "evaluated 2 of 10 configs (exhaustive, incremental)" in out, out
-    decisions = [r for r in records(cache) if "chunked[*]" not in r.cache_key]
-    (family,) = [r for r in records(cache) if "chunked[*]" in r.cache_key]
-    (grown,) = [r for r in decisions if r.cache_key != first.cache_key]
+    (grown,) = [r for r in records(cache) if r.cache_key != first.cache_key]  # one decision per problem
     # Only the new configs were evaluated, against the reference and the stored winner, judged again.
     assert judged(grown) == {first.name, *NEW} - {"slow_reference"}
-    effort = {k: grown.meta[k] for k in ("evaluated", "space_size", "incremental", "covered")}
-    assert effort == {"evaluated": 2, "space_size": 10, "incremental": True, "covered": covered(GROWN)}
+    effort = {k: grown.meta[k] for k in ("evaluated", "space_size", "incremental", "covered", "winner")}
+    assert effort == {"evaluated": 2, "space_size": 10, "incremental": True, "covered": covered(GROWN),
+                      "winner": grown.name}
     assert grown.name in {first.name, "slow_reference", *NEW}
-    # The family record now says what the grown decision covers.
-    assert (family.meta["winner"], family.meta["covered"], family.meta["incremental"]) == (grown.name, covered(GROWN), True)
-    assert valid_for_its_key(family) and valid_for_its_key(grown)
+    # The family's id now points at the grown decision: the next growth starts from it.
+    digest = grown.meta["fingerprint"]
+    assert LocalStore(cache).problem_records(digest, [family_id(catalog, grown)]) == {family_id(catalog, grown): grown}
 
-    # An application whose space grew once more finds the farm's family record (the same key the runtime
-    # computes) and tunes only the configs neither search covered.
-    env = grown_module(tmp_path / "mods", "grownops2", (*GROWN, 8192))
-    script = textwrap.dedent(f"""
-        import json, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from pathlib import Path
-        from farm_helpers import runtime_select
-        got = runtime_select(Path({str(catalog)!r}), "grownops2", "farmtest_space", {{"n": 3000, "dtype": "float64"}},
-                             Path({str(cache)!r}))
-        (report,) = got.tuner.reports()
-        print(json.dumps({{"incremental": report.incremental, "evaluated": report.evaluated,
-                           "tried": sorted(c.name for c in report.candidates)}}))
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
-    assert report["incremental"] and report["evaluated"] == 2, report
-    assert {"chunked[chunk=8192,twice=False]", "chunked[chunk=8192,twice=True]"} <= set(report["tried"])
+    more = (*GROWN, 8192)
+    out = embedded_tune(catalog, cache, "grownops2", grown_module(tmp_path / "mods", "grownops2", more))
+    assert "evaluated 2 of 12 configs (exhaustive, incremental)" in out, out
+    (third,) = [r for r in records(cache) if r.cache_key not in (first.cache_key, grown.cache_key)]
+    assert judged(third) == {grown.name, "chunked[chunk=8192,twice=False]", "chunked[chunk=8192,twice=True]"} - {
+        "slow_reference"}
+    assert third.meta["covered"] == covered(more)
 
 
 @pytest.mark.servers
-def test_the_farm_tunes_a_grown_space_incrementally_with_real_workers(redis_srv, tmp_path) -> None:
+def test_the_farm_tunes_a_grown_space_incrementally_with_real_workers(space, redis_srv, tmp_path) -> None:
     catalog = write_catalog(tmp_path / "c.toml", SPACE, POLICY.replace("budget = 30.0", "budget = 3.0"))
     with fleet(redis_srv, tmp_path / "fleet", ()) as f:
         def tune(kernels: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -220,16 +206,17 @@ def test_the_farm_tunes_a_grown_space_incrementally_with_real_workers(redis_srv,
         env = {**f.env, "PYTHONPATH": grown_module(tmp_path / "mods", "grownfleet", GROWN)["PYTHONPATH"]}
         again = tune("grownfleet", env)
         assert again.returncode == 0, again.stdout + again.stderr
+        assert "evaluated 2 of 10 configs (exhaustive, incremental)" in again.stdout, again.stdout
         store = RedisDecisions(client=f.client(), settings=f.settings)
-        found = [r for digest in store.fingerprints() for r in store.records(digest)]
-    decisions = [r for r in found if "chunked[*]" not in r.cache_key]
-    (family,) = [r for r in found if "chunked[*]" in r.cache_key]
-    assert len(decisions) == 2
-    (old,) = [r for r in decisions if not r.meta.get("incremental")]
-    (grown,) = [r for r in decisions if r.meta.get("incremental")]
+        decisions = [r for digest in store.fingerprints() for r in store.records(digest)]
+        assert len(decisions) == 2  # one per problem: the old space's and the grown one's
+        (old,) = [r for r in decisions if not r.meta.get("incremental")]
+        (grown,) = [r for r in decisions if r.meta.get("incremental")]
+        fid = family_id(catalog, grown)
+        assert fid is not None
+        indexed = store.problem_records(grown.meta["fingerprint"], [fid])
     assert judged(old) == {f"chunked[chunk={c},twice={t}]" for c in CHUNKS for t in (False, True)} - {
         "chunked[chunk=7,twice=True]"}
     assert judged(grown) == {old.name, *NEW} - {"slow_reference"}
     assert (grown.meta["evaluated"], grown.meta["covered"]) == (2, covered(GROWN))
-    assert (family.meta["winner"], family.meta["covered"]) == (grown.name, covered(GROWN))
-    assert valid_for_its_key(family)
+    assert indexed == {fid: grown}

@@ -177,7 +177,10 @@ def _checksum(body: dict[str, Any]) -> str:
 class Publication:
     """One decision as the farm publishes it, to Redis or a local cache: the record, its fingerprint text, the
     problem id to index it under ("" for none), the trial rows behind it and the lease that fences it. ``text``: the record's verified
-    :meth:`DecisionRecord.to_json` text when it is at hand (saves re-encoding); ``trials_text``: the rows' JSON."""
+    :meth:`DecisionRecord.to_json` text when it is at hand (saves re-encoding); ``trials_text``: the rows' JSON.
+    ``aliases``: more problem ids the problem index maps to the record's key in the same transaction (a space
+    search's family id, ``farm_coordinator.plan``; Redis indexes them whatever the verdict, a local cache only
+    with an accepted publication: either way the id points at whatever record the key holds)."""
 
     record: DecisionRecord
     fingerprint: str
@@ -186,6 +189,7 @@ class Publication:
     text: str | None = field(default=None, compare=False, repr=False)
     trials_text: str | None = field(default=None, compare=False, repr=False)
     fence: tuple[str, str] | None = None  # (lease key, value): publish only while that lease holds (Redis)
+    aliases: tuple[str, ...] = ()
 
     @property
     def json(self) -> str:
@@ -244,6 +248,7 @@ class PublicationBatch:
     runs: Sequence[str]
     problem_ids: Sequence[str | None]
     trials: Sequence[str]
+    aliases: Sequence[tuple[str, ...]] = ()  # per decision, more problem ids to index it under (none: empty)
 
     @classmethod
     def of(cls, fingerprint: str, publications: Sequence[Publication]) -> PublicationBatch:
@@ -252,7 +257,8 @@ class PublicationBatch:
         return cls(fingerprint, [r.cache_key for r in records], [key_hash(r.cache_key) for r in records],
                    [p.json for p in publications], [r.verified for r in records], [r.created for r in records],
                    [r.name for r in records], [event_run(r.meta.get("run")) for r in records],
-                   [p.problem_id for p in publications], [p.trials_json for p in publications])
+                   [p.problem_id for p in publications], [p.trials_json for p in publications],
+                   [p.aliases for p in publications] if any(p.aliases for p in publications) else ())
 
     def __len__(self) -> int:
         return len(self.texts)

@@ -255,6 +255,9 @@ class RedisDecisions:
         while chunk := list(itertools.islice(pending, batch)):
             index = redis_nearest.index_commands(
                 self.settings.key, [(pub.record.cache_key, self._publish_keys_digest(pub.fingerprint)) for pub in chunk])
+            index += [[b"HSET", self.settings.problems_key(self._publish_keys_digest(pub.fingerprint)).encode(),
+                       alias.encode(), key_sha256(pub.record.cache_key).encode()]
+                      for pub in chunk for alias in pub.aliases]  # Publication.aliases, in the same transaction
             results += self.publish_calls([self._publish_args(pub) for pub in chunk], index)
         return results
 

@@ -47,6 +47,9 @@ class Staging:
                 staged.update(zip(keys, zip(batch.verified[at:stop], batch.created[at:stop], batch.texts[at:stop],
                                             pids, batch.trials[at:stop], strict=True), strict=True))
                 indexed += [(digest, pid, key) for pid, key in zip(pids, keys, strict=True) if pid]
+                if batch.aliases:
+                    indexed += [(digest, alias, key) for i, key in zip(range(at, stop), keys, strict=True)
+                                for alias in batch.aliases[i]]
                 self.cache_keys.update(zip(keys, batch.cache_keys[at:stop], strict=True))
                 replies += [_NEW] * len(keys)
             else:
@@ -72,6 +75,8 @@ class Staging:
         self.cache_keys[key] = batch.cache_keys[i]
         if pid:  # as if published one by one: two problems may share a cache key
             self.indexed.append((digest, pid, key))
+        if batch.aliases:
+            self.indexed += [(digest, alias, key) for alias in batch.aliases[i]]
         return (True, "new" if held is None and key not in old_rows else "replaced")
 
     @property
