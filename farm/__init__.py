@@ -21,6 +21,7 @@ from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
 from farm.feedback import FleetReporter
 from farm.identity import CacheKey, Candidate, Problem, Scope, cache_key, fields
+from farm import replay
 from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
@@ -70,6 +71,7 @@ __all__ = [
     "fields",
     "is_tuning",
     "paired_score",
+    "replay",
     "runtime_environment",
     "stack_autotuner",
     "try_execute_stack",

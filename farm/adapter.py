@@ -105,17 +105,39 @@ class RuntimeTrials:
         self.timing = timing
         self.last_check: OutputCheck | None = None
         self.throttle_probe: Callable[[], bool] | None = nvml_throttle_probe(client)
+        # The cost of the trials so far: every run on the device (validation, warm-ups, timed runs), in seconds.
+        self.device_seconds = 0.0
+        # A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too.
+        self._profiled = timing is Timing.DEVICE or getattr(client, "simulated", False)
+        self._expected: tuple[int, Any] | None = None  # the reference's output: computed once, compared many times
 
     def _run(self, index: int, inputs: Inputs) -> Any:
         fn = self.tunable[index].fn
-        try:
+
+        def call() -> Any:
             with self.client.activate():
-                out = fn(*inputs)
+                return fn(*inputs)
+
+        try:
+            if self._profiled:
+                out, elapsed = self.client.profile(call)
+            else:
+                start = time.perf_counter()
+                out = call()
+                elapsed = time.perf_counter() - start
+        except TuneFailure:
+            raise
         except Exception as e:
             complete(self.client)
             raise TuneFailure.rejected(f"candidate {self.tunable[index].name!r} raised {type(e).__name__}: {e}") from e
         complete(self.client)
+        self.device_seconds += elapsed
         return out
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds the client spent compiling the configs it ran (a client that compiles says so; else 0)."""
+        return float(getattr(self.client, "compile_seconds", 0.0))
 
     def _fresh_inputs(self) -> Inputs:
         # On the client's device and stream, so the copies are ordered before the candidate and fenced below.
@@ -123,13 +145,18 @@ class RuntimeTrials:
             return self.tunable.generate_inputs(self.inputs)
 
     def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
-        a = self._fresh_inputs()
+        """Compare a fresh run of ``candidate`` with the reference's output for the same inputs. The reference's
+        output is computed once per runner and reused (inputs are regenerated from the same values each time)."""
         b = self._fresh_inputs()
+        a = self._fresh_inputs() if self._expected is None or self._expected[0] != reference else None
         complete(self.client)
         with self.client.activate():
             tolerance = self.tunable.tolerance_for(self.inputs, tolerance)
         with self.client.exclusive(), tuning_scope():
-            expected = self._run(self.indices[reference], a)
+            if a is not None:
+                self._expected = (reference, self._run(self.indices[reference], a))
+            assert self._expected is not None
+            expected = self._expected[1]
             actual = self._run(self.indices[candidate], b)
             check = compare_outputs(expected, actual, tolerance)
             # Readback can launch kernels too: fence before accepting a verdict or freeing trial state.
@@ -150,25 +177,14 @@ class RuntimeTrials:
         try:
             with self.client.exclusive(), tuning_scope():
                 complete(self.client)
-                if self.timing is Timing.END_TO_END:
+                before = self.device_seconds
+                if self._profiled:
+                    out = self._run(index, inputs)
+                else:  # END_TO_END: the fence after the run is part of the time
                     start = time.perf_counter()
                     out = self._run(index, inputs)
-                    elapsed = time.perf_counter() - start
-                else:
-                    fn = self.tunable[index].fn
-
-                    def call() -> Any:
-                        with self.client.activate():
-                            return fn(*inputs)
-
-                    try:
-                        out, elapsed = self.client.profile(call)
-                    except TuneFailure:
-                        raise
-                    except Exception as e:
-                        complete(self.client)
-                        raise TuneFailure.rejected(f"candidate {self.tunable[index].name!r} raised {type(e).__name__}: {e}") from e
-                    complete(self.client)
+                    self.device_seconds = before + time.perf_counter() - start
+                elapsed = self.device_seconds - before
                 del out
         finally:
             if gc_was_enabled:

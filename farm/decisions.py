@@ -99,6 +99,10 @@ class TuneReport:
     max_configs: int | None = None
     covered: dict[str, dict[str, list[Any]]] | None = None
     incremental: bool = False
+    # The search's cost: seconds its runs took on the device (validation, warm-ups, timed runs: host CPU time,
+    # CUDA events, a replay's simulated clock) and seconds spent compiling the configs it built (off the device).
+    device_seconds: float = 0.0
+    compile_seconds: float = 0.0
 
 
 _depth = threading.local()

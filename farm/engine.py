@@ -12,6 +12,7 @@ or a test fake) and stored decisions come from injected stores. The selection or
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from farm.identity import Candidate, Problem, cache_key, fits_workspace
 from farm.policy import MemoryEviction, Mode, StackPolicy
 from farm.regression import RegressionWindows
 from farm.roster import Roster
-from farm.runner import TrialRunner, Validation
+from farm.runner import TrialRunner, Validation, runner_cost
 from farm.scoring import valid_seconds
 from farm.spacesearch import decided, search_report, searched
 from farm.stores import open_fleet_source
@@ -291,6 +292,7 @@ class StackTuner:
         names = cands.names if isinstance(cands, Roster) else [c.name for c in cands]
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
+        cost = runner_cost(runner)
         try:  # a set with spaces: farm.spacesearch, which may find a grown space's family record (_family)
             outcomes, reference_times, budget_exhausted, spaced = searched(runner, policy, ref, cands, banned,
                                                                            req.problem, self._family)
@@ -309,6 +311,8 @@ class StackTuner:
             self._store(req, record)
         report = search_report(req.problem, names[winner], time.monotonic() - started, budget_exhausted,
                                tuple(reports[i] for i in sorted(reports)), policy, spaced)
+        spent = runner_cost(runner)
+        report = dataclasses.replace(report, device_seconds=spent[0] - cost[0], compile_seconds=spent[1] - cost[1])
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)
@@ -390,5 +394,3 @@ class StackTuner:
     def quarantined(self) -> set[str]:
         with self._lock:
             return set(self._quarantined)
-
-

@@ -64,6 +64,7 @@ class Tolerance:
 
 DAY = 86400.0
 STRATEGIES = ("exhaustive", "random", "bayes")
+SCREENINGS = ("race", "full")
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,12 @@ class StackPolicy:
     family within ``max_distance`` (log2 per dimension: 3.0 is a factor of 8 in each), validated once on the live
     workload before use (farm.nearest, farm.borrowing). Neither is in the accuracy key: a borrowed decision is
     never stored.
+
+    ``screening`` says how a space's configs are evaluated (farm.racing): "race" (the default) validates each
+    config, times it in order-balanced pairs against the incumbent (the best config so far) and drops it as soon
+    as it is decided slower; only the race's winner gets the full verdict against the reference. "full" gives
+    every config the full protocol against the reference. Listed candidates always get the full protocol. It
+    bounds effort, not meaning: not in the accuracy key.
     """
 
     mode: Mode = Mode.EXPLORE
@@ -177,6 +184,7 @@ class StackPolicy:
     strategy: str = "exhaustive"
     max_configs: int | None = None
     seed: int = 0
+    screening: str = "race"
     nearest: bool = True
     max_distance: float = 3.0
     trusted_keys: tuple[str, ...] = ()
@@ -245,6 +253,8 @@ class StackPolicy:
         if self.max_configs is not None:
             integer("max_configs", 1, 1 << 40)
         integer("seed", 0, (1 << 63) - 1)
+        if self.screening not in SCREENINGS:
+            raise bad("screening", f"must be one of {', '.join(SCREENINGS)}")
         if not isinstance(self.nearest, bool):
             raise bad("nearest", "must be a bool")
         real("max_distance", 0.0)

@@ -9,6 +9,8 @@ each a small Protocol of its own, checked with ``isinstance``; a runner without 
   Absent: no comparison is reported (the outcome's ``max_abs_error``/``max_rel_error`` stay None).
 - :class:`ProbesThrottle`: ``throttle_probe``, a callable answering whether the device is throttled now (NVML).
   Absent (or None): pairs are watched for context switches only.
+- ``device_seconds`` and ``compile_seconds``: what the runner's trials have cost so far (:func:`runner_cost`).
+  Absent: 0, a search's report then shows no cost.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol, runtime_checkable
 from farm.arrays import OutputCheck
 from farm.policy import Tolerance
 
-__all__ = ["ChecksOutputs", "ProbesThrottle", "TrialRunner", "Validation", "output_check", "throttle_probe"]
+__all__ = ["ChecksOutputs", "ProbesThrottle", "TrialRunner", "Validation", "output_check", "runner_cost", "throttle_probe"]
 
 
 class Validation(enum.Enum):
@@ -66,3 +68,8 @@ def output_check(runner: TrialRunner) -> OutputCheck | None:
 def throttle_probe(runner: TrialRunner) -> Callable[[], bool] | None:
     """The runner's throttle probe; None for a runner without :class:`ProbesThrottle`."""
     return runner.throttle_probe if isinstance(runner, ProbesThrottle) else None
+
+
+def runner_cost(runner: TrialRunner) -> tuple[float, float]:
+    """The runner's device seconds and compile seconds so far (0 for a runner that does not count them)."""
+    return float(getattr(runner, "device_seconds", 0.0)), float(getattr(runner, "compile_seconds", 0.0))

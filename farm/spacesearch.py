@@ -23,6 +23,7 @@ from typing import Any
 from farm.decisions import TuneReport
 from farm.identity import CacheKey, Candidate, Problem
 from farm.policy import StackPolicy
+from farm.racing import Race
 from farm.roster import Roster
 from farm.scoring import judge
 from farm.search import admit, budget_note, search
@@ -148,6 +149,7 @@ def explore(
     started = time.monotonic()
     deadline = started + policy.budget
     reference_times = reference_trials(runner, policy, reference, names[reference])
+    race = Race(runner, policy, reference, names, reference_times, deadline) if policy.screening == "race" else None
     outcomes: list[Outcome] = list(refused)
     exhausted = False
     evaluated = 0
@@ -164,10 +166,16 @@ def explore(
             outcomes.append(Outcome(position, cand.name, verdict=TrialVerdict.NOT_TRIED, note=budget_note(policy.budget),
                                     revision=cand.revision, budget_exhausted=True))
             return None
-        outcome = candidate_trials(runner, policy, reference, position, names, deadline)
         evaluated += proposed
+        if race is not None and proposed:  # a config: raced against the incumbent
+            estimate = race.enter(position, cand.revision)
+            exhausted = exhausted or race.exhausted
+            return estimate
+        outcome = candidate_trials(runner, policy, reference, position, names, deadline)
         exhausted = exhausted or outcome.budget_exhausted
         outcomes.append(dataclasses.replace(outcome, revision=cand.revision))
+        if race is not None:
+            race.seed(outcome)  # a listed candidate (or a grown space's stored winner) the race may start from
         if outcome.failure is not None:
             return None
         return judge(outcome.pairs, policy).ratio
@@ -179,6 +187,10 @@ def explore(
         if not asked:
             break
         strategy.tell([(p, attempt(p)) for p in asked])
+    if race is not None:
+        raced = race.finish()
+        outcomes.extend(raced.outcomes)
+        exhausted = exhausted or raced.budget_exhausted
     stopped_by_limit = policy.max_configs is not None and evaluated >= policy.max_configs
     complete = not exhausted and not stopped_by_limit and policy.strategy == "exhaustive"
     if stopped_by_limit and policy.strategy == "exhaustive":

@@ -45,6 +45,7 @@ class TrialVerdict(enum.Enum):
     REJECTED = "rejected"  # erred, wrong output, bad timing, or cut off by the budget mid-sampling
     SKIPPED = "skipped"  # not eligible, workspace, banned, or validation unsupported
     NOT_TRIED = "not tried"  # max_candidates, budget, or the group task's time limit stopped the search first
+    DROPPED = "dropped"  # validated, then decided slower than the race's incumbent (farm.racing): never a winner
     GROUP_FAILED = "group failed"  # the farm lost the whole group (reference failed, attempts, timeout)
 
     @property
@@ -238,21 +239,51 @@ def candidate_trials(
             if again_stop is not None:
                 pairs, stop, interference, remeasured = again, again_stop, again_interference, True
         verdict_, note = None, ""
-    except DeviceBusy:
-        raise
-    except TuneFailure as e:
-        if e.kind is FailureKind.DEVICE:
-            raise
-        verdict_, note = TrialVerdict.REJECTED, e.message
-    except _Skip as e:
-        verdict_, note = e.verdict, e.note
     except Exception as e:
-        verdict_, note = TrialVerdict.REJECTED, f"{type(e).__name__}: {e}"
+        verdict_, note = failure_of(e)
     checked = check if check is not None and check.problem is None else None
     return Outcome(index, name, tuple(pairs), verified, verdict_, note, budget_hit,
                    max_abs_error=checked.max_abs_error if checked is not None else None,
                    max_rel_error=checked.max_rel_error if checked is not None else None,
                    stop=stop, interference=interference, remeasured=remeasured)
+
+
+def failure_of(error: Exception) -> tuple[TrialVerdict, str]:
+    """The verdict and note of a candidate's trials that raised ``error``; a busy device and a DEVICE failure are
+    not the candidate's: they propagate."""
+    if isinstance(error, DeviceBusy):
+        raise error
+    if isinstance(error, TuneFailure):
+        if error.kind is FailureKind.DEVICE:
+            raise error
+        return TrialVerdict.REJECTED, error.message
+    if isinstance(error, _Skip):
+        return error.verdict, error.note
+    return TrialVerdict.REJECTED, f"{type(error).__name__}: {error}"
+
+
+def validation_trial(runner: TrialRunner, policy: StackPolicy, reference: int, index: int, name: str) -> Outcome:
+    """Validate one candidate against the reference, its run serving as its warm-up (racing, farm.racing): an
+    Outcome without pairs, PASSED or UNVERIFIED, or the failure's verdict and note. Only a DEVICE failure
+    propagates."""
+    check: OutputCheck | None = None
+    try:
+        verdict = runner.validate(reference, index, policy.tolerance)
+        check = output_check(runner)
+        if verdict is Validation.UNSUPPORTED and policy.require_validation:
+            raise _Skip(TrialVerdict.SKIPPED, "validation unsupported (output readback above tolerance.max_bytes)")
+    except Exception as e:
+        failed, note = failure_of(e)
+        return Outcome(index, name, verdict=failed, note=note)
+    checked = check if check is not None and check.problem is None else None
+    return Outcome(index, name, verified=verdict is Validation.PASSED,
+                   max_abs_error=checked.max_abs_error if checked is not None else None,
+                   max_rel_error=checked.max_rel_error if checked is not None else None)
+
+
+def timed(runner: TrialRunner, index: int, name: str) -> float:
+    """One timed run of a candidate: its seconds, or raises what :func:`failure_of` maps (a bad time is REJECTED)."""
+    return seconds(runner.measure(index), name)
 
 
 def _sequence(

@@ -1,0 +1,274 @@
+"""Racing: how a search evaluates a space's configs under ``screening = "race"`` (the default).
+
+Strategies propose, racing evaluates. A config is validated against the reference (its validation run is its
+warm-up), then timed in order-balanced pairs against the **incumbent**, the best config so far (the reference at
+first), with a sequential test after every pair:
+
+- **decided slower** than the incumbent: dropped (verdict ``dropped``, never a winner);
+- **decided faster**: it becomes the incumbent (the one it replaced stays a contender unless decided slower);
+- still close after ``samples`` pairs (the screening limit): a **contender**.
+
+The contenders are then settled head to head against the incumbent (pairs up to ``sample_limit``), and the race's
+winner gets the full protocol against the reference (:func:`farm.trials.candidate_trials`): a decision's meaning
+never depends on the race, only its cost does.
+
+**The test.** Noise and interference only ever add time, so a config's fastest run ``c_min`` is at least its true
+time, and the incumbent's fastest run ``i_min`` (over every run it made in the race) is at least the incumbent's.
+Let ``e = t / t_floor - 1`` be a run's relative excess over its true time, with the distribution the incumbent's
+own runs show (its excesses over its fastest run). A config is decided slower after ``k`` runs when
+``c_min > i_min * (1 + q_k)``, where ``q_k`` is the excess that each of ``k`` independent runs exceeds with
+probability at most ``beta_k``: ``P(e > q_k) <= beta_k ** (1 / k)``, ``beta_k = BETA * 6 / (pi^2 k^2)``. A config
+truly at least as fast as the incumbent has ``c_true <= i_true <= i_min``, so it is dropped only if all of its ``k``
+runs exceeded ``q_k``: the chance that it is dropped at ANY look is at most ``sum_k beta_k = BETA`` (1 %), however
+many pairs it takes. Decided faster is the mirror image over the incumbent's runs (``i_min > c_min * (1 + q_n)``,
+``n`` the incumbent's runs), so a wrong promotion is as rare; it would cost only effort, never meaning. The bound
+assumes a config's excess is distributed as the incumbent's (noise proportional to time); the excess quantile is
+read from the incumbent's observed runs, and taken as their largest excess when the level lies beyond them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from farm.policy import StackPolicy
+from farm.runner import TrialRunner
+from farm.trials import Outcome, TrialVerdict, candidate_trials, failure_of, timed, validation_trial
+
+BETA = 0.01
+"""The most probability that a config truly at least as fast as the incumbent is dropped."""
+
+
+def look_beta(look: int) -> float:
+    """The error the ``look``-th look (1-based) of one config may spend: ``BETA * 6 / (pi^2 look^2)``."""
+    return BETA * 6.0 / (math.pi**2 * look**2)
+
+
+NOISE_WINDOW = 255
+"""The latest runs of each incumbent whose excesses make the noise distribution (the pool is bounded)."""
+
+
+def excesses(runs: Sequence[float]) -> list[float]:
+    """The relative excesses of the latest runs over the fastest of them (empty for fewer than two runs)."""
+    if len(runs) < 2:
+        return []
+    recent = runs[-NOISE_WINDOW:]
+    floor = min(recent)
+    return [t / floor - 1.0 for t in recent]
+
+
+def excess_bound(noise: Sequence[float], runs: int, look: int) -> float:
+    """``q``: the relative excess each of ``runs`` independent runs exceeds with probability at most
+    ``look_beta(look) ** (1 / runs)``, read from the empirical excesses ``noise`` (:func:`excesses`); their
+    largest when the level lies beyond what they can show."""
+    if not noise:
+        return math.inf  # nothing known of the noise: nothing can be decided
+    excess = sorted(noise)
+    level = look_beta(look) ** (1.0 / max(runs, 1))  # the most each run may exceed q with
+    above = math.floor(level * len(excess))  # how many observed excesses may lie above q
+    return excess[max(len(excess) - 1 - above, 0)] if above < len(excess) else 0.0
+
+
+@dataclass
+class Entrant:
+    """One config in the race: its runs and the pairs it was timed in, as (incumbent seconds, its seconds)."""
+
+    position: int
+    name: str
+    validated: Outcome
+    runs: list[float] = field(default_factory=list)
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+    looks: int = 0
+
+    @property
+    def best(self) -> float:
+        return min(self.runs)
+
+
+@dataclass(frozen=True)
+class Raced:
+    """A race: an Outcome per config given (dropped, failed, or the winner's full verdict against the reference),
+    each config's estimated ratio to the reference (None: failed, not tried), whether the budget cut it short."""
+
+    outcomes: tuple[Outcome, ...]
+    estimates: dict[int, float | None]
+    budget_exhausted: bool
+    winner: int
+
+
+class Race:
+    """A race over configs a strategy proposes one at a time (:meth:`enter`), then :meth:`finish`.
+
+    ``reference_times`` are the reference's own timings (the first incumbent's runs); ``names`` maps positions
+    to candidate names; ``deadline`` bounds the race (time.monotonic)."""
+
+    def __init__(self, runner: TrialRunner, policy: StackPolicy, reference: int, names: Sequence[str],
+                 reference_times: Sequence[float], deadline: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runner, self.policy, self.reference, self.names = runner, policy, reference, names
+        self.deadline, self.clock = deadline, clock
+        self.reference_floor = min(reference_times)
+        self.incumbent = reference
+        self.incumbent_runs: dict[int, list[float]] = {reference: list(reference_times)}  # an entrant's: its runs
+        self.incumbent_best = min(reference_times)
+        self.contenders: dict[int, Entrant] = {}
+        self.outcomes: dict[int, Outcome] = {}
+        self.estimates: dict[int, float | None] = {}
+        self.exhausted = False
+        self.seeded: set[int] = set()
+
+    def seed(self, outcome: Outcome) -> None:
+        """A candidate already judged with the full protocol (a listed one, a grown space's stored winner): the
+        race starts from it when its runs were faster than the incumbent's. Its Outcome stays the caller's."""
+        if outcome.failure is not None or not outcome.pairs:
+            return
+        runs = [c for _, c in outcome.pairs]
+        if min(runs) < self.incumbent_best:
+            self.incumbent, self.incumbent_best = outcome.index, min(runs)
+            self.incumbent_runs[outcome.index] = runs
+            self.seeded.add(outcome.index)
+
+    # -- one config --------------------------------------------------------------------------------------
+
+    def enter(self, position: int, revision: str = "") -> float | None:
+        """Validate and screen the config at ``position``; its estimated ratio to the reference (what a strategy
+        is told), or None when it failed or the budget stopped the race before it ran."""
+        name = self.names[position]
+        if self.exhausted or self.clock() > self.deadline:
+            self.exhausted = True
+            self.outcomes[position] = Outcome(position, name, verdict=TrialVerdict.NOT_TRIED, revision=revision,
+                                              note=f"budget of {self.policy.budget:g}s exhausted",
+                                              budget_exhausted=True)
+            self.estimates[position] = None
+            return None
+        validated = dataclasses.replace(validation_trial(self.runner, self.policy, self.reference, position, name),
+                                        revision=revision)
+        if validated.failure is not None:
+            self.outcomes[position] = validated
+            self.estimates[position] = None
+            return None
+        entrant = Entrant(position, name, validated)
+        self._screen(entrant, self.policy.samples)
+        return self.estimates.get(position)
+
+    def _screen(self, entrant: Entrant, limit: int) -> None:
+        """Pairs against the incumbent until ``entrant`` is decided or has ``limit`` pairs (then a contender)."""
+        while len(entrant.pairs) < limit:
+            if self.clock() > self.deadline:
+                self.exhausted = True
+                break
+            if not self._pair(entrant):
+                return
+            entrant.looks += 1
+            incumbent_runs = self.incumbent_runs[self.incumbent]
+            incumbent_best = self.incumbent_best
+            noise = self._noise()
+            if entrant.best > incumbent_best * (1.0 + excess_bound(noise, len(entrant.runs), entrant.looks)):
+                self._drop(entrant, self.incumbent, incumbent_best)
+                return
+            if incumbent_best > entrant.best * (1.0 + excess_bound(noise, len(incumbent_runs), entrant.looks)):
+                self._promote(entrant)
+                return
+        if entrant.runs:
+            self.contenders[entrant.position] = entrant
+            self._estimate(entrant)
+
+    def _pair(self, entrant: Entrant) -> bool:
+        """Time one pair (incumbent first on even pairs); False when the config failed (its Outcome set). A
+        failure of the incumbent's run is the incumbent's: it already ran clean, so it propagates as the
+        config's failure only when the config's run raised."""
+        incumbent = self.incumbent
+        first = len(entrant.pairs) % 2 == 0
+        try:
+            if first:
+                i = timed(self.runner, incumbent, self.names[incumbent])
+                c = timed(self.runner, entrant.position, entrant.name)
+            else:
+                c = timed(self.runner, entrant.position, entrant.name)
+                i = timed(self.runner, incumbent, self.names[incumbent])
+        except Exception as e:
+            verdict, note = failure_of(e)
+            self.outcomes[entrant.position] = dataclasses.replace(entrant.validated, verdict=verdict, note=note,
+                                                                  pairs=tuple(entrant.pairs))
+            self.estimates[entrant.position] = None
+            self.contenders.pop(entrant.position, None)
+            return False
+        entrant.runs.append(c)
+        entrant.pairs.append((i, c))
+        self.incumbent_runs[incumbent].append(i)
+        self.incumbent_best = min(self.incumbent_best, i)
+        return True
+
+    def _noise(self) -> list[float]:
+        """The excess distribution: the reference's runs and the incumbent's, each over its own fastest."""
+        noise = excesses(self.incumbent_runs[self.reference])
+        if self.incumbent != self.reference:
+            noise += excesses(self.incumbent_runs[self.incumbent])
+        return noise
+
+    def _estimate(self, entrant: Entrant) -> None:
+        self.estimates[entrant.position] = entrant.best / self.reference_floor
+
+    def _drop(self, entrant: Entrant, by: int, by_best: float) -> None:
+        self._estimate(entrant)
+        self.contenders.pop(entrant.position, None)
+        self.outcomes[entrant.position] = dataclasses.replace(
+            entrant.validated, verdict=TrialVerdict.DROPPED, pairs=tuple(entrant.pairs), stop="decided",
+            note=f"slower than {self.names[by]!r}: best run {entrant.best * 1e3:.4g} ms against {by_best * 1e3:.4g} ms "
+                 f"after {len(entrant.pairs)} pairs")
+
+    def _promote(self, entrant: Entrant) -> None:
+        """``entrant`` becomes the incumbent; the one it replaced stays a contender unless decided slower."""
+        self._estimate(entrant)
+        previous = self.incumbent
+        self.incumbent = entrant.position
+        self.incumbent_runs[entrant.position] = entrant.runs  # its runs as incumbent extend its own
+        self.incumbent_best = entrant.best
+        self.contenders[entrant.position] = entrant
+        if previous == self.reference:
+            return
+        former = self.contenders.get(previous)
+        if former is None:
+            return
+        if former.best > entrant.best * (1.0 + excess_bound(self._noise(), len(former.runs), max(former.looks, 1))):
+            self._drop(former, entrant.position, entrant.best)
+
+    # -- the end ---------------------------------------------------------------------------------------------
+
+    def finish(self) -> Raced:
+        """Settle the contenders head to head against the incumbent, then give the winner the full protocol
+        against the reference (even when the budget ran out during the race: one candidate's trials more)."""
+        limit = self.policy.sample_limit
+        for position in sorted(self.contenders, key=lambda p: self.contenders[p].best):
+            entrant = self.contenders.get(position)
+            if entrant is None or position == self.incumbent:
+                continue
+            self._screen(entrant, limit)
+            if position in self.contenders and position != self.incumbent:
+                self._settle_tie(entrant)
+        winner = self.incumbent
+        for position, entrant in list(self.contenders.items()):
+            if position != winner:
+                self._lost(entrant, winner)
+        if winner != self.reference and winner not in self.seeded:
+            deadline = max(self.deadline, self.clock() + self.policy.budget)
+            final = candidate_trials(self.runner, self.policy, self.reference, winner, self.names, deadline)
+            self.outcomes[winner] = dataclasses.replace(final, revision=self.contenders[winner].validated.revision)
+        ordered = tuple(self.outcomes[p] for p in sorted(self.outcomes))
+        return Raced(ordered, dict(self.estimates), self.exhausted, winner)
+
+    def _settle_tie(self, entrant: Entrant) -> None:
+        """A contender still undecided after ``sample_limit`` pairs: a tie within the noise. It takes the incumbent's
+        place when its median paired ratio is below 1 (either is as good as the noise can tell)."""
+        ratios = sorted(c / i for i, c in entrant.pairs)
+        if ratios and ratios[len(ratios) // 2] < 1.0:
+            self._promote(entrant)
+
+    def _lost(self, entrant: Entrant, winner: int) -> None:
+        self.outcomes[entrant.position] = dataclasses.replace(
+            entrant.validated, verdict=TrialVerdict.DROPPED, pairs=tuple(entrant.pairs), stop="settled",
+            note=f"settled: {self.names[winner]!r} kept as the race's winner (best run {entrant.best * 1e3:.4g} ms "
+                 f"against {min(self.incumbent_runs[winner]) * 1e3:.4g} ms after {len(entrant.pairs)} pairs)")
+        self._estimate(entrant)

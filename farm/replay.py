@@ -1,0 +1,425 @@
+"""Replay: a recorded tuning space served as a device, so a search runs on real GPU data without a GPU.
+
+A recording is a Kernel Tuner cache file (``.json`` or ``.json.gz``): for each measured config of one kernel on
+one device, its recorded run times (ms), its compile time (ms) and its failures. :func:`load` reads one::
+
+    rec = farm.replay.load("recordings/benchmark_hub/convolution_A100.json.gz")
+    tuned = farm.tune(rec.tunable, rec.inputs, device=rec.client(seed=0),
+                      policy=farm.StackPolicy(timing=farm.Timing.DEVICE, strategy="bayes", max_configs=100))
+
+- ``rec.tunable`` has a reference (the recording's first valid config in parameter order, the untuned default,
+  unless ``reference={...}`` names another) and one space named ``kernel`` over the recorded parameters. Configs
+  missing from the recording are infeasible (a restriction); a recorded failure fails as recorded when it runs
+  (a compile failure, a runtime error): a verdict, never a winner. Every config that ran returns the same output,
+  so validation passes (the recording's author validated them, or recorded a failure).
+- ``rec.client(seed)`` is a :class:`ReplayClient`: a run takes a time drawn (seeded) from the config's recorded
+  samples and advances a simulated clock; nothing sleeps. ``client.device_seconds`` is what the device ran
+  (validation, warm-ups, timed runs), ``client.compile_seconds`` the recorded compile time of every config it
+  built, charged once per config.
+- The client's fingerprint names the recorded device, the ``replay`` backend and the file's content hash, so a
+  replayed decision is never served to a real device, nor to another recording.
+
+A hostile file gets a :class:`~farm.errors.ConfigError` naming the file, the field and the value: one that is not
+a regular file, larger than :data:`MAX_BYTES` (compressed or not), malformed JSON, a config whose values are not
+the declared ones, times that are not positive finite numbers. ``root=`` confines the path to a folder (a catalog's
+recordings: a path that resolves outside it is refused).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import hashlib
+import json
+import math
+import os
+import random
+import stat
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from farm.errors import ConfigError, TuneFailure
+from farm.identity import fields
+from farm.runtimes.base import DeviceLock, T
+from farm.space import Space, format_value
+from farm.tunable import TunableSet
+
+MAX_BYTES = 512 * 1024 * 1024
+"""The largest recording read, compressed and decompressed alike (the largest public ones are ~60 MB)."""
+
+SPACE = "kernel"
+REFERENCE = "reference"
+# Kernel Tuner's failure markers in a config's "time": a recorded failure, or a config its restrictions refused.
+FAILURES = {"CompilationFailedConfig": "compile", "RuntimeFailedConfig": "runtime"}
+INVALID = "InvalidConfig"
+
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded config: its run times (seconds), mean (seconds; inf for a failure), compile seconds, and
+    the failure it recorded (``compile``, ``runtime``) or None."""
+
+    times: tuple[float, ...]
+    mean: float
+    compile_seconds: float
+    failure: str | None
+
+
+class _InRecording:
+    """The space's restriction: a config is feasible when the recording measured it (or recorded its failure)."""
+
+    def __init__(self, names: Sequence[str], keys: frozenset[Key]) -> None:
+        self.names, self.keys = tuple(names), keys
+
+    def __call__(self, **config: Any) -> bool:
+        return tuple(config[n] for n in self.names) in self.keys
+
+
+class Launch:
+    """The one input of a recording's tunable set: runs a config on the replay client active in this thread."""
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+
+    def run(self, config: Mapping[str, Any]) -> np.ndarray:
+        client = _active_client()
+        if client is not None:
+            client.run(self.recording.key(config))
+        return np.zeros(1, dtype=np.float32)
+
+    def __repr__(self) -> str:
+        return f"Launch({self.recording.kernel_name}, sha256:{self.recording.digest[:16]})"
+
+
+def _kernel(launch: Launch, **config: Any) -> np.ndarray:
+    """A recorded kernel's config, launched on the active replay client."""
+    return launch.run(config)
+
+
+def _workload(launch: Launch) -> str:
+    return launch.recording.workload
+
+
+def _same(launch: Launch) -> tuple[Launch]:
+    return (launch,)  # nothing writable: every trial may share the launcher
+
+
+class Recording:
+    """A loaded recording; see the module docstring. Built by :func:`load`."""
+
+    def __init__(self, path: Path, data: bytes, document: Any, reference: Mapping[str, Any] | None) -> None:
+        self.path = path
+        self.digest = hashlib.sha256(data).hexdigest()
+        where = str(path)
+        if not isinstance(document, dict):
+            raise ConfigError(where, "(document)", type(document).__name__, "a Kernel Tuner cache file is a JSON object")
+        params = document.get("tune_params")
+        if not isinstance(params, dict) or not params:
+            raise ConfigError(where, "tune_params", params, "must be a non-empty object of parameter value lists")
+        keys = document.get("tune_params_keys", list(params))
+        if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(params):
+            raise ConfigError(where, "tune_params_keys", keys, "must list the tune_params names")
+        self.params: dict[str, list[Any]] = {}
+        for name in keys:
+            values = params[name]
+            if not isinstance(values, list) or not values or not all(_plain(v) for v in values):
+                raise ConfigError(where, f"tune_params.{name}", values, "must be a non-empty list of numbers or strings")
+            self.params[name] = values
+        self.names = tuple(self.params)
+        name = document.get("device_name", "")
+        kernel = document.get("kernel_name", "kernel")
+        if not isinstance(name, str) or not isinstance(kernel, str) or not kernel:
+            raise ConfigError(where, "device_name", name, "device_name and kernel_name must be strings")
+        self.device_name = name or path.name.split(".")[0]  # some recordings name no device: the file does
+        self.kernel_name = kernel
+        self.problem_size = document.get("problem_size")
+        self.configs = self._configs(where, document.get("cache"))
+        self.workload = fields([kernel, json.dumps(self.problem_size), f"recording sha256:{self.digest}"])
+        self.reference = self._reference(where, reference)
+        self.tunable = self._tunable()
+        self.inputs: tuple[Launch] = (Launch(self),)
+        self._space = self.tunable.spaces[0]
+
+    # -- reading -----------------------------------------------------------------------------------------
+
+    def _configs(self, where: str, cache: Any) -> dict[Key, Recorded]:
+        if not isinstance(cache, dict) or not cache:
+            raise ConfigError(where, "cache", type(cache).__name__, "must be a non-empty object of recorded configs")
+        spelled = {n: {format_value(v) for v in values} for n, values in self.params.items()}
+        configs: dict[Key, Recorded] = {}
+        for label, entry in cache.items():
+            field = f"cache.{label}"
+            if not isinstance(entry, dict):
+                raise ConfigError(where, field, type(entry).__name__, "must be an object")
+            key = []
+            for n in self.names:
+                value = entry.get(n)
+                if not _plain(value) or format_value(value) not in spelled[n]:
+                    raise ConfigError(where, f"{field}.{n}", value, f"is not one of tune_params.{n}")
+                key.append(value)
+            recorded = _recorded(where, field, entry)
+            if recorded is not None:
+                configs[tuple(key)] = recorded
+        if not any(r.failure is None for r in configs.values()):
+            raise ConfigError(where, "cache", len(cache), "records no valid config")
+        return configs
+
+    def _reference(self, where: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        if given is None:
+            order = [{format_value(v): i for i, v in enumerate(self.params[n])} for n in self.names]
+            valid = [k for k, r in self.configs.items() if r.failure is None]
+            first = min(valid, key=lambda k: [o[format_value(v)] for o, v in zip(order, k, strict=True)])
+            return dict(zip(self.names, first, strict=True))
+        if not isinstance(given, Mapping) or sorted(given) != sorted(self.names):
+            raise ConfigError(where, "reference", given, f"must give every parameter: {', '.join(self.names)}")
+        recorded = self.configs.get(self.key(given))
+        if recorded is None or recorded.failure is not None:
+            raise ConfigError(where, "reference", dict(given), "is not a recorded valid config")
+        return {n: given[n] for n in self.names}
+
+    def _tunable(self) -> TunableSet:
+        identity = f"replay sha256:{self.digest}"
+        ts = TunableSet(self.kernel_name, signature=_workload, generate=_same)
+        ts.add(functools.partial(_kernel, **self.reference), name=REFERENCE, reference=True, identity=identity)
+        ts.add_space(Space(SPACE, _kernel, self.params, _InRecording(self.names, frozenset(self.configs)),
+                           identity=identity))
+        return ts
+
+    # -- what a caller asks --------------------------------------------------------------------------------
+
+    def key(self, config: Mapping[str, Any]) -> Key:
+        return tuple(config[n] for n in self.names)
+
+    def config_of(self, name: str) -> dict[str, Any]:
+        """The config a candidate name of :attr:`tunable` denotes (``reference`` too); KeyError for another."""
+        if name == REFERENCE:
+            return dict(self.reference)
+        config = self._space.parse(name)
+        if config is None:
+            raise KeyError(f"{name!r} is not a candidate of recording {self.path.name}")
+        return config
+
+    def name_of(self, config: Mapping[str, Any]) -> str:
+        """The space candidate's name of a config."""
+        return self._space.config_name(config)
+
+    def mean_ms(self, name: str) -> float:
+        """The recorded mean time (ms) of a candidate name (the reference's too); inf for a recorded failure.
+        KeyError for a name that is not a recorded config."""
+        recorded = self.configs.get(self.key(self.config_of(name)))
+        if recorded is None:
+            raise KeyError(f"{name!r} was not recorded in {self.path.name}")
+        return recorded.mean * 1e3
+
+    @functools.cached_property
+    def best(self) -> tuple[str, float]:
+        """(name, recorded mean ms) of the recorded optimum."""
+        key, recorded = min(((k, r) for k, r in self.configs.items() if r.failure is None), key=lambda kr: kr[1].mean)
+        return self.name_of(dict(zip(self.names, key, strict=True))), recorded.mean * 1e3
+
+    @property
+    def brute_force_seconds(self) -> float:
+        """What benchmarking every recorded config cost the recording's tuner: the sum of all recorded runs."""
+        return sum(sum(r.times) for r in self.configs.values())
+
+    def client(self, seed: int = 0, index: int = 0) -> ReplayClient:
+        """A device serving this recording; ``index`` tells parallel devices of the same recording apart."""
+        return ReplayClient(self, seed, index)
+
+    def __repr__(self) -> str:
+        return f"Recording({self.path.name}: {self.kernel_name} on {self.device_name}, {len(self.configs)} configs)"
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, str)) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _recorded(where: str, field: str, entry: Mapping[str, Any]) -> Recorded | None:
+    """One cache entry's record (None for a config its tuner's restrictions refused)."""
+    compile_ms = entry.get("compile_time", 0.0)
+    if not isinstance(compile_ms, (int, float)) or isinstance(compile_ms, bool) or not (0 <= compile_ms < math.inf):
+        raise ConfigError(where, f"{field}.compile_time", compile_ms, "must be a finite number of ms >= 0")
+    mean = entry.get("time")
+    if mean == INVALID:
+        return None
+    if isinstance(mean, str):
+        if mean not in FAILURES:
+            raise ConfigError(where, f"{field}.time", mean, f"is neither a time nor one of {', '.join(FAILURES)}")
+        return Recorded((), math.inf, compile_ms / 1e3, FAILURES[mean])
+    if not _positive(mean):
+        raise ConfigError(where, f"{field}.time", mean, "must be a positive finite number of ms")
+    times = entry.get("times", [mean])
+    if not isinstance(times, list) or not times or not all(_positive(t) for t in times):
+        raise ConfigError(where, f"{field}.times", times, "must be a non-empty list of positive finite ms")
+    return Recorded(tuple(t / 1e3 for t in times), float(mean) / 1e3, compile_ms / 1e3, None)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def read_bytes(path: Path, limit: int = MAX_BYTES) -> bytes:
+    """A regular file's bytes, gunzipped when it is gzip, refusing more than ``limit`` bytes either way."""
+    where = str(path)
+    try:
+        info = os.stat(path)
+    except OSError as e:
+        raise ConfigError(where, "(file)", str(path), f"cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(where, "(file)", str(path), "is not a regular file")
+    if info.st_size > limit:
+        raise ConfigError(where, "(file)", info.st_size, f"is larger than {limit} bytes")
+    with open(path, "rb") as f:
+        head = f.read(2)
+        f.seek(0)
+        if head != b"\x1f\x8b":
+            return f.read(limit + 1)
+        try:
+            with gzip.GzipFile(fileobj=f) as z:
+                data = z.read(limit + 1)
+        except (OSError, EOFError) as e:
+            raise ConfigError(where, "(gzip)", str(path), f"is not a readable gzip file: {e}") from None
+    if len(data) > limit:
+        raise ConfigError(where, "(file)", f"> {limit} bytes", "decompresses to more than the limit")
+    return data
+
+
+def load(path: str | os.PathLike[str], reference: Mapping[str, Any] | None = None, *,
+         root: str | os.PathLike[str] | None = None, limit: int = MAX_BYTES) -> Recording:
+    """Load a Kernel Tuner cache file as a :class:`Recording` (see the module docstring). ``root``: refuse a path
+    that resolves outside that folder. Raises ConfigError naming the file, field and value."""
+    given = Path(path)
+    if root is not None:
+        base = Path(root).resolve()
+        resolved = (base / given).resolve()
+        if not resolved.is_relative_to(base):
+            raise ConfigError(str(path), "(path)", str(path), f"lies outside {base}")
+        given = resolved
+    data = read_bytes(given, limit)
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(str(given), "(json)", str(e)[:200], "is not a JSON document") from None
+    except RecursionError:
+        raise ConfigError(str(given), "(json)", "nesting", "is nested too deeply") from None
+    return Recording(given, data, document, reference)
+
+
+# -- the device ------------------------------------------------------------------------------------------------
+
+_active = threading.local()
+
+
+def _active_client() -> ReplayClient | None:
+    return getattr(_active, "client", None)
+
+
+class ReplayClient:
+    """A recording served as a device (``replay:N``); see the module docstring. ``simulated``: the runtime
+    adapter times it by its profile whatever the timing (it has no wall clock worth measuring)."""
+
+    backend = "replay"
+    device_kind = "replay"
+    simulated = True
+
+    def __init__(self, recording: Recording, seed: int = 0, index: int = 0) -> None:
+        self.recording = recording
+        self.seed = seed
+        self.index = index
+        self.device_id = f"replay:{index}"
+        self.device_seconds = 0.0
+        self.compile_seconds = 0.0
+        self.runs = 0
+        self._rng = random.Random(seed)
+        self._built: set[Key] = set()
+        self._last: float | None = None
+        self._lock = DeviceLock(f"replay-{recording.digest[:16]}-{index}")
+
+    @property
+    def clock(self) -> float:
+        """The simulated clock: seconds the device has run since this client was made."""
+        return self.device_seconds
+
+    def build(self, key: Key) -> Recorded:
+        """Compile a config (its recorded compile time, charged once per config); raises for a recorded
+        compile failure. Off the device: the farm's compile stage calls it ahead of the trials."""
+        recorded = self.recording.configs.get(key)
+        if recorded is None:
+            raise TuneFailure.rejected(f"config {key} was not recorded in {self.recording.path.name}")
+        if key not in self._built:
+            self._built.add(key)
+            self.compile_seconds += recorded.compile_seconds
+        if recorded.failure == "compile":
+            raise ReplayCompileError(f"compile failed as recorded (CompilationFailedConfig) for {key}")
+        return recorded
+
+    def run(self, key: Key) -> float:
+        """Run a config once: a time drawn from its recorded samples, charged to the clock."""
+        recorded = self.build(key)
+        if recorded.failure == "runtime":
+            raise ReplayRuntimeError(f"launch failed as recorded (RuntimeFailedConfig) for {key}")
+        seconds = self._rng.choice(recorded.times)
+        self.device_seconds += seconds
+        self.runs += 1
+        self._last = seconds
+        return seconds
+
+    def flush(self) -> None:
+        return None
+
+    def sync(self) -> None:
+        return None
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return self._lock.hold()
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        previous = _active_client()
+        _active.client = self
+        try:
+            yield
+        finally:
+            _active.client = previous
+
+    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
+        self._last = None
+        with self.activate():
+            out = fn()
+        if self._last is None:
+            raise TuneFailure.rejected("the candidate launched no recorded kernel on the replay device")
+        return out, self._last
+
+    def properties_fingerprint(self) -> str:
+        return fields([self.recording.device_name, self.recording.kernel_name, f"sha256:{self.recording.digest}"])
+
+    def model(self) -> str:
+        return self.recording.device_name
+
+    def driver_fingerprint(self) -> str | None:
+        return f"replay of sha256:{self.recording.digest}"
+
+    def compiler(self) -> str:
+        return "recorded (Kernel Tuner cache file)"
+
+    def runtime_options(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"ReplayClient({self.recording.path.name}, seed={self.seed}, {self.device_id})"
+
+
+class ReplayCompileError(RuntimeError):
+    """A recorded compile failure (CompilationFailedConfig), raised when the config is built."""
+
+
+class ReplayRuntimeError(RuntimeError):
+    """A recorded runtime failure (RuntimeFailedConfig), raised when the config runs."""
