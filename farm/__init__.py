@@ -3,6 +3,7 @@
 ``import farm`` never imports Celery, Redis or CuPy.
 """
 
+from farm import replay
 from farm.adapter import RuntimeTrials, enable_stack_autotune, stack_autotuner, try_execute_stack
 from farm.arrays import array_signature, compare_outputs
 from farm.decisions import NearestDecision
@@ -21,7 +22,6 @@ from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.errors import ConfigError, FailureKind, FarmError, TuneFailure
 from farm.feedback import FleetReporter
 from farm.identity import CacheKey, Candidate, Problem, Scope, cache_key, fields
-from farm import replay
 from farm.oneshot import Tuned, tune
 from farm.policy import MemoryEviction, Mode, StackPolicy, Timing, Tolerance
 from farm.runtimes import ComputeClient, HostClient, client_for
