@@ -121,7 +121,7 @@ def main() -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".farm-cache"),
               show_default=True, help="Embedded farm: where decisions are written (the runtime's cache_directory).")
 @click.option("--device", "devices", multiple=True, default=("cpu:0",), show_default=True,
-              help="Embedded farm: local devices to tune on (repeatable).")
+              help="Embedded farm: local devices to tune on (repeatable): cpu:N, cuda:N, replay:PATH[#N].")
 @click.option("--run", "run_id", help="Run id (default: a new one).")
 @click.option("--timeout", type=float, help="Give up on groups without a result after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON instead of a table.")
@@ -196,7 +196,8 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
             click.echo()
     failed = report.failures(rows)
     with contextlib.suppress(Exception):  # a note only: the fleet may be gone by now
-        for line in report.not_tuned(cat, {t.device_kind for t in parts.fleet.targets()}):
+        targets = parts.fleet.targets()
+        for line in report.not_tuned(cat, {t.device_kind for t in targets}, {t.digest for t in targets}):
             click.echo(f"farm: note: {line}", err=True)
     if not as_json:
         console = _console()
@@ -228,7 +229,8 @@ def _abandon(parts: Parts | None, run_id: str, progress: Any, state: str) -> Non
 
 
 @main.command(epilog=ENVIRONMENT)
-@click.option("--device", help="cuda:N or cpu:N (required unless --compile)")
+@click.option("--device", help="cuda:N, cpu:N or replay:PATH[#N] (a Kernel Tuner cache file served as the device; "
+              "docs/farm.md, Replay workers); required unless --compile")
 @_broker(required=True)
 @_redis(required=True)
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)

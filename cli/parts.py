@@ -126,19 +126,20 @@ def celery_parts(settings: Settings) -> Parts:
 
 def embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path, kernels: tuple[str, ...]) -> Parts:
     """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
-    from farm.runtimes import client_for
     from farm_coordinator.dispatch import LocalDispatcher
     from farm_coordinator.fleet import LocalFleet
     from farm_coordinator.sinks import DirectorySink
     from farm_fleet.protocol import GroupResult, GroupTask
     from farm_fleet.results import MemoryResults
+    from farm_kernels.recorded import client_for, worker_name
     from farm_workers.tasks import WorkerContext, run_group
 
     results = MemoryResults()
     contexts = {}
     for device in devices:
-        ctx = WorkerContext(client=client_for(device), results=results, settings=settings,
-                            worker_id=f"local-{device.replace(':', '')}", kernels=kernels)
+        client = client_for(device)
+        ctx = WorkerContext(client=client, results=results, settings=settings,
+                            worker_id=f"local-{worker_name(device, client)}", kernels=kernels)
         contexts[ctx.worker_id] = ctx
     fleet = LocalFleet(list(contexts.values()))
 

@@ -71,9 +71,9 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
         return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"),
                       meta.get("incremental") is True)
     try:
-        from farm_kernels import registry
+        from farm_kernels import recorded
 
-        spaces = registry.get(str(meta.get("operation"))).tunable(str(meta.get("device_kind"))).spaces
+        spaces = recorded.tunable(str(meta.get("operation")), str(meta.get("device_kind"))).spaces
     except Exception:  # an operation this process cannot load: no line rather than a failed summary
         return None
     if not spaces:
@@ -171,11 +171,20 @@ def as_json(summary: Any, all_rows: list[dict[str, Any]], sink: Sink) -> Iterato
     yield "\n]\n}"
 
 
-def not_tuned(catalog: Any, kinds_online: set[str]) -> list[str]:
+def not_tuned(catalog: Any, kinds_online: set[str], digests_online: set[str] | None = None) -> list[str]:
     """One line per device kind that catalog workloads need and no device online has: how many were left out,
-    why, and what to do (a CPU-only fleet skips the example catalog's CUDA workloads; it must say so)."""
+    why, and what to do (a CPU-only fleet skips the example catalog's CUDA workloads; it must say so). With
+    ``digests_online``, one line per recorded problem whose recording no worker serves."""
     missing: dict[str, int] = {}
+    recorded: list[str] = []
     for w in catalog.workloads:
+        fingerprint = getattr(w, "fingerprint", "")
+        if fingerprint and digests_online is not None:
+            if fingerprint not in digests_online:
+                recorded.append(f"{w.where} of {catalog.path} not tuned: no worker serves its recording "
+                                f"{w.spec.get('recording')!r} (fingerprint {fingerprint}); start `farm worker "
+                                f"--device replay:PATH` with that file, then rerun")
+            continue
         if not set(w.devices) & kinds_online:
             need = " or ".join(w.devices)
             missing[need] = missing.get(need, 0) + 1
@@ -183,4 +192,4 @@ def not_tuned(catalog: Any, kinds_online: set[str]) -> list[str]:
     return [f"{n} workload{'s' * (n != 1)} of {catalog.path} not tuned: {'they need' if n != 1 else 'it needs'} a "
             f"{need} device and none is online (online: {online}); start `farm worker --device {need.split()[0]}:N` "
             f"on a host that has one (the embedded farm: `farm tune --device {need.split()[0]}:0`), then rerun"
-            for need, n in sorted(missing.items())]
+            for need, n in sorted(missing.items())] + recorded

@@ -19,6 +19,7 @@ from farm_fleet.protocol import canonical_json
 
 TOP_LEVEL = {"policy", "problems"}
 PROBLEM_FIELDS = {"operation", "devices", "workloads"}
+RECORDED_FIELDS = {"recording"}
 DEVICE_KINDS = ("cpu", "cuda")
 
 
@@ -33,6 +34,8 @@ class Workload:
     where: str
     filled: JSONObject | None = field(default=None, compare=False, repr=False)
     """The normalized spec, when the maker has it (a catalog normalizes every workload once, at load)."""
+    fingerprint: str = ""
+    """Planned only on this fingerprint digest (a recorded problem: its recording's workers); empty: any."""
 
     @cached_property
     def normalized(self) -> JSONObject:
@@ -61,6 +64,11 @@ def workload_label(operation: str, spec: Any) -> str:
 
     if not isinstance(spec, dict):
         return str(spec)
+    from farm_kernels import recorded
+
+    replayed = recorded.label(operation, spec)
+    if replayed is not None:
+        return replayed
     with contextlib.suppress(Exception):  # a broken plugin must not stop a listing
         registry.ensure_loaded()
     if operation in registry.names():
@@ -113,6 +121,9 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
         where = f"problems[{i}]"
         if not isinstance(problem, dict):
             raise ConfigError(source, where, problem, "must be a table")
+        if "recording" in problem:
+            workloads.append(_recorded(problem, source, where, seen))
+            continue
         extra = sorted(set(problem) - PROBLEM_FIELDS)
         if extra:
             raise ConfigError(source, f"{where}.{extra[0]}", problem[extra[0]], f"unknown field (expected {sorted(PROBLEM_FIELDS)})")
@@ -151,3 +162,21 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
                 seen[identity] = at
             workloads.append(Workload(name, kinds, dict(spec), at, filled=normalized))
     return Catalog(source, policy, tuple(workloads), tuple(kernels))
+
+
+def _recorded(problem: dict[str, Any], source: str, where: str, seen: dict[tuple[str, str, str], str]) -> Workload:
+    """A problem naming a recording (``farm_kernels.recorded``): its space on its recording's workers only."""
+    from farm_kernels import recorded
+
+    extra = sorted(set(problem) - RECORDED_FIELDS)
+    if extra:
+        raise ConfigError(source, f"{where}.{extra[0]}", problem[extra[0]],
+                          f"a recorded problem has only {sorted(RECORDED_FIELDS)}")
+    recording = recorded.load_for_catalog(problem["recording"], source, f"{where}.recording")
+    name, spec = recorded.add(recording), recorded.spec_of(recording)
+    identity = (name, canonical_json(spec), recorded.KIND)
+    if identity in seen:
+        raise ConfigError(source, f"{where}.recording", problem["recording"], f"duplicates {seen[identity]}")
+    seen[identity] = where
+    return Workload(name, (recorded.KIND,), {"recording": problem["recording"]}, where, filled=spec,
+                    fingerprint=recorded.fingerprint_of(recording))

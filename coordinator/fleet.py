@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Generic, Protocol, TypeVar
 
-from farm.runtimes.base import ComputeClient, parse_device
+from farm.runtimes.base import ComputeClient
 from farm_coordinator.plan import Target
 from farm_fleet import presence
 from farm_fleet.protocol import GroupTask
@@ -73,7 +73,7 @@ class LocalFleet(Generic[Device]):
     def targets(self) -> list[Target]:
         groups: dict[tuple[str, str], list[Device]] = {}
         for c in self.contexts.values():
-            groups.setdefault((c.digest, parse_device(c.client.device_id)[0]), []).append(c)
+            groups.setdefault((c.digest, c.client.device_kind), []).append(c)
         return [Target(digest, _fingerprint(cs[0]), kind, tuple(c.worker_id for c in cs))
                 for (digest, kind), cs in sorted(groups.items())]
 

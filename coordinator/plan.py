@@ -120,9 +120,9 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
     an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search). ``prior``: the
     family's earlier complete search (a grown space): only its winner and the configs it did not cover
     are planned (a space search leaves the covered ones out too, ``farm_coordinator.spacesearch``)."""
-    from farm_kernels import registry
+    from farm_kernels import recorded
 
-    tunable = registry.get(operation).tunable(device_kind)
+    tunable = recorded.tunable(operation, device_kind)
     roster = tunable.roster() if tunable.spaces else None
     if roster is not None and searches_spaces(catalog.policy):  # the spaces are the strategy's (SpaceSearch)
         order = [roster.indices[p] for p in roster.plain_positions]
@@ -202,7 +202,7 @@ class Planner:
     def pairs(self) -> Iterator[tuple[Target, Workload]]:
         for target in self.targets:
             for workload in self.catalog.workloads:
-                if target.device_kind in workload.devices:
+                if target.device_kind in workload.devices and workload.fingerprint in ("", target.digest):
                     yield target, workload
 
     def groups(self, target: Target, workload: Workload) -> Groups:

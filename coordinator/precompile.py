@@ -14,6 +14,11 @@ registers x 1024 threads = 98304 > 65536 per block``, ``failed: FILE (sm_90, opt
 FILE(2): error: ...``, one line), planned out of its
 group like a banned candidate (``farm_coordinator.plan``) and left out of a space search's asks
 (``farm_coordinator.spacesearch``); the decision's candidate list carries it as ``rejected: infeasible: ...``.
+
+A replay target (``farm worker --device replay:PATH``) has its recorded problems compiled here too, from the
+recording (:func:`replay_stage`): the recorded compile time of its configs is charged to this stage
+(``Precompiled.compile_seconds``, and the stage's note), never to a device, and each recorded compile failure
+(``CompilationFailedConfig``) is rejected before sending, as NVRTC's failures are.
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ class Precompiled:
     rejected: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     summaries: dict[str, CompileSummary] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    """Replay targets: fingerprint digest -> the recorded compile seconds this stage charged (:func:`replay_stage`)."""
 
     def for_target(self, digest: str, operation: str) -> Mapping[str, str]:
         """The rejected configs of ``operation`` on the target ``digest`` (name -> verdict), empty when none."""
@@ -97,6 +104,8 @@ def precompile(catalog: Catalog, targets: Iterable[Target], compiler: Compiler, 
     from farm_kernels.cuda.compile import check_arch, jobs_for
 
     done = Precompiled()
+    targets = list(targets)
+    replay_stage(catalog, targets, done)
     cuda = [t for t in targets if t.device_kind == CUDA]
     sets = compilable_sets(catalog) if cuda else {}
     if not sets:
@@ -129,6 +138,30 @@ def precompile(catalog: Catalog, targets: Iterable[Target], compiler: Compiler, 
                           f"{summary.failed} failed (never sent) in {summary.seconds:.1f} s"
                           + (f" (kernel cache {cache_name})" if cache_name else ""))
     return done
+
+
+def replay_stage(catalog: Catalog, targets: Iterable[Target], done: Precompiled) -> None:
+    """The compile stage of the catalog's recorded problems on their replay targets, into ``done``: each config's
+    recorded compile time charged once, each recorded compile failure rejected (never sent)."""
+    from farm_kernels import recorded
+
+    for target in targets:
+        if target.device_kind != recorded.KIND:
+            continue
+        for workload in catalog.workloads:
+            recording = recorded.get(workload.operation) if workload.fingerprint == target.digest else None
+            if recording is None:
+                continue
+            failed = {recording.name_of(dict(zip(recording.names, key, strict=True))):
+                      "failed: compile failed as recorded (CompilationFailedConfig)"
+                      for key, config in recording.configs.items() if config.failure == "compile"}
+            seconds = sum(config.compile_seconds for config in recording.configs.values())
+            if failed:
+                done.rejected.setdefault(target.digest, {})[workload.operation] = failed
+            done.compile_seconds[target.digest] = done.compile_seconds.get(target.digest, 0.0) + seconds
+            done.notes.append(f"compiled {recording.path.name} (fingerprint {target.digest}) before sending, as "
+                              f"recorded: {len(recording.configs)} configs in {seconds:.1f} s of recorded compile "
+                              f"time, charged to the compile stage; {len(failed)} failed (never sent)")
 
 
 def stage(compiler: Compiler, arch: str | None = None, cache_name: str = "") -> Precompiler:

@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from farm_coordinator.aggregate import Aggregate
+from farm_coordinator.catalog import workload_label
 from farm_coordinator.plan import PlannedProblem
 from farm_fleet.protocol import GroupTask
 
@@ -74,8 +75,6 @@ def hooked(hook: ProgressHook, run: str, problems: int, reused: int, trials: int
 
 def summary_table(summary: RunSummary) -> Table:
     """The decisions of a run as a table: one row per problem whose aggregate the summary kept."""
-    from farm_kernels import registry
-
     table = Table(title=f"run {summary.run}: {summary.published} decisions, {summary.decided_before} already "
                         f"decided, {summary.failures} failed; group results: {summary.ran} ran, "
                         f"{summary.reused} reused")
@@ -83,7 +82,7 @@ def summary_table(summary: RunSummary) -> Table:
         table.add_column(column, no_wrap=column != "workload")
     for agg in sorted(summary.aggregates, key=lambda a: (a.problem.target.digest, a.problem.workload.where)):
         r = agg.record
-        workload = registry.get(agg.problem.workload.operation).label(agg.problem.workload.spec)
+        workload = workload_label(agg.problem.workload.operation, agg.problem.workload.spec)
         row = [agg.problem.target.digest[:8], agg.problem.workload.operation, workload]
         if r is None:
             table.add_row(*row, "-", "-", "-", "-", agg.error or "")

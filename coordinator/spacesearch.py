@@ -59,9 +59,9 @@ def parse_group(name: str) -> tuple[int, int] | None:
 
 
 def _roster(operation: str, device_kind: str) -> Roster:
-    from farm_kernels import registry
+    from farm_kernels import recorded
 
-    return _roster_of(registry.get(operation).tunable(device_kind))
+    return _roster_of(recorded.tunable(operation, device_kind))
 
 
 @functools.lru_cache(maxsize=64)

@@ -10,6 +10,7 @@ FarmError
 ├── ArchiveError                           an archive cannot be written or trusted
 ├── ValidationUnavailable                  the reference's output cannot be validated
 ├── RestrictionError (also ValueError)     a space's restriction cannot be evaluated for a config
+├── ReplayFailure (also RuntimeError)      a replayed config fails as its recording says (farm.replay)
 └── CudaToolError                          NVRTC or the cubin reader cannot do their job
     ├── NvrtcUnavailable (also RuntimeError)   libnvrtc cannot be loaded
     ├── NvrtcError (also RuntimeError)         NVRTC rejected a program
@@ -165,6 +166,11 @@ class ArchiveError(FarmError):
 
 class ValidationUnavailable(FarmError):
     """Raised when the reference's output cannot be validated (UNSUPPORTED) while validation is required."""
+
+
+class ReplayFailure(FarmError, RuntimeError):
+    """Raised when a replayed config fails as its recording says: a recorded compile failure when it is built, a
+    recorded runtime failure when it runs (a candidate's failure, a verdict: never a winner)."""
 
 
 class RestrictionError(FarmError, ValueError):

@@ -22,8 +22,9 @@ truly at least as fast as the incumbent has ``c_true <= i_true <= i_min``, so it
 runs exceeded ``q_k``: the chance that it is dropped at ANY look is at most ``sum_k beta_k = BETA`` (1 %), however
 many pairs it takes. Decided faster is the mirror image over the incumbent's runs (``i_min > c_min * (1 + q_n)``,
 ``n`` the incumbent's runs), so a wrong promotion is as rare; it would cost only effort, never meaning. The bound
-assumes a config's excess is distributed as the incumbent's (noise proportional to time); the excess quantile is
-read from the incumbent's observed runs, and taken as their largest excess when the level lies beyond them.
+assumes a config's excess is distributed as the incumbent's (noise proportional to time), and reads ``q_k`` from
+the excesses the reference's and the incumbent's runs showed: the larger of their empirical quantile and an
+exponential tail fitted to them (:func:`excess_bound`), since a few runs cannot show the tail a 1 % level asks for.
 """
 
 from __future__ import annotations
@@ -52,24 +53,33 @@ NOISE_WINDOW = 255
 
 
 def excesses(runs: Sequence[float]) -> list[float]:
-    """The relative excesses of the latest runs over the fastest of them (empty for fewer than two runs)."""
+    """The relative excesses of the latest runs over the fastest of them, that one left out (it is the floor's
+    estimate, not a draw of the excess); empty for fewer than two runs."""
     if len(runs) < 2:
         return []
-    recent = runs[-NOISE_WINDOW:]
-    floor = min(recent)
+    recent = list(runs[-NOISE_WINDOW:])
+    recent.remove(min(recent))
+    floor = min(runs[-NOISE_WINDOW:])
     return [t / floor - 1.0 for t in recent]
 
 
 def excess_bound(noise: Sequence[float], runs: int, look: int) -> float:
-    """``q``: the relative excess each of ``runs`` independent runs exceeds with probability at most
-    ``look_beta(look) ** (1 / runs)``, read from the empirical excesses ``noise`` (:func:`excesses`); their
-    largest when the level lies beyond what they can show."""
+    """``q``: a relative excess that each of ``runs`` independent runs exceeds with probability at most
+    ``level = look_beta(look) ** (1 / runs)``, from the observed excesses ``noise`` (:func:`excesses`).
+
+    The larger of two readings: the empirical quantile (the largest excess when the level lies beyond what the
+    sample can show), and an exponential tail, ``m * ln(1 / level)``, with ``m`` an upper bound of the mean
+    excess (``mean * (1 + 2 / sqrt(n))``, about 95 % for n excesses of an exponential): a few runs cannot show the
+    tail the level asks for, the tail's model can. Infinite without any observed excess (nothing is decided)."""
     if not noise:
-        return math.inf  # nothing known of the noise: nothing can be decided
+        return math.inf
     excess = sorted(noise)
-    level = look_beta(look) ** (1.0 / max(runs, 1))  # the most each run may exceed q with
-    above = math.floor(level * len(excess))  # how many observed excesses may lie above q
-    return excess[max(len(excess) - 1 - above, 0)] if above < len(excess) else 0.0
+    n = len(excess)
+    level = look_beta(look) ** (1.0 / max(runs, 1))
+    above = math.floor(level * n)  # how many observed excesses may lie above q
+    empirical = excess[n - 1 - above] if above < n else 0.0
+    mean = sum(excess) / n * (1.0 + 2.0 / math.sqrt(n))
+    return max(empirical, mean * math.log(1.0 / level))
 
 
 @dataclass

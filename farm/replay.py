@@ -27,26 +27,27 @@ recordings: a path that resolves outside it is refused).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gzip
 import hashlib
 import json
 import math
 import os
-import random
 import stat
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from farm.errors import ConfigError, TuneFailure
+from farm.errors import ConfigError, ReplayFailure
 from farm.identity import fields
-from farm.runtimes.base import DeviceLock, T
+from farm.runtimes.replay import (
+    Key,
+    Recorded,
+    ReplayClient,
+    active_client,
+)
 from farm.space import Space, format_value
 from farm.tunable import TunableSet
 
@@ -59,18 +60,7 @@ REFERENCE = "reference"
 FAILURES = {"CompilationFailedConfig": "compile", "RuntimeFailedConfig": "runtime"}
 INVALID = "InvalidConfig"
 
-Key = tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One recorded config: its run times (seconds), mean (seconds; inf for a failure), compile seconds, and
-    the failure it recorded (``compile``, ``runtime``) or None."""
-
-    times: tuple[float, ...]
-    mean: float
-    compile_seconds: float
-    failure: str | None
+__all__ = ["Launch", "Recorded", "Recording", "ReplayClient", "ReplayFailure", "load"]
 
 
 class _InRecording:
@@ -90,7 +80,7 @@ class Launch:
         self.recording = recording
 
     def run(self, config: Mapping[str, Any]) -> np.ndarray:
-        client = _active_client()
+        client = active_client()
         if client is not None:
             client.run(self.recording.key(config))
         return np.zeros(1, dtype=np.float32)
@@ -162,7 +152,7 @@ class Recording:
             key = []
             for n in self.names:
                 value = entry.get(n)
-                if not _plain(value) or format_value(value) not in spelled[n]:
+                if not _plain(value) or format_value(value) not in spelled[n]:  # type: ignore[arg-type]
                     raise ConfigError(where, f"{field}.{n}", value, f"is not one of tune_params.{n}")
                 key.append(value)
             recorded = _recorded(where, field, entry)
@@ -259,7 +249,7 @@ def _recorded(where: str, field: str, entry: Mapping[str, Any]) -> Recorded | No
     times = entry.get("times", [mean])
     if not isinstance(times, list) or not times or not all(_positive(t) for t in times):
         raise ConfigError(where, f"{field}.times", times, "must be a non-empty list of positive finite ms")
-    return Recorded(tuple(t / 1e3 for t in times), float(mean) / 1e3, compile_ms / 1e3, None)
+    return Recorded(tuple(t / 1e3 for t in times), float(mean) / 1e3, compile_ms / 1e3, None)  # type: ignore[arg-type]
 
 
 def _positive(value: Any) -> bool:
@@ -311,115 +301,3 @@ def load(path: str | os.PathLike[str], reference: Mapping[str, Any] | None = Non
     except RecursionError:
         raise ConfigError(str(given), "(json)", "nesting", "is nested too deeply") from None
     return Recording(given, data, document, reference)
-
-
-# -- the device ------------------------------------------------------------------------------------------------
-
-_active = threading.local()
-
-
-def _active_client() -> ReplayClient | None:
-    return getattr(_active, "client", None)
-
-
-class ReplayClient:
-    """A recording served as a device (``replay:N``); see the module docstring. ``simulated``: the runtime
-    adapter times it by its profile whatever the timing (it has no wall clock worth measuring)."""
-
-    backend = "replay"
-    device_kind = "replay"
-    simulated = True
-
-    def __init__(self, recording: Recording, seed: int = 0, index: int = 0) -> None:
-        self.recording = recording
-        self.seed = seed
-        self.index = index
-        self.device_id = f"replay:{index}"
-        self.device_seconds = 0.0
-        self.compile_seconds = 0.0
-        self.runs = 0
-        self._rng = random.Random(seed)
-        self._built: set[Key] = set()
-        self._last: float | None = None
-        self._lock = DeviceLock(f"replay-{recording.digest[:16]}-{index}")
-
-    @property
-    def clock(self) -> float:
-        """The simulated clock: seconds the device has run since this client was made."""
-        return self.device_seconds
-
-    def build(self, key: Key) -> Recorded:
-        """Compile a config (its recorded compile time, charged once per config); raises for a recorded
-        compile failure. Off the device: the farm's compile stage calls it ahead of the trials."""
-        recorded = self.recording.configs.get(key)
-        if recorded is None:
-            raise TuneFailure.rejected(f"config {key} was not recorded in {self.recording.path.name}")
-        if key not in self._built:
-            self._built.add(key)
-            self.compile_seconds += recorded.compile_seconds
-        if recorded.failure == "compile":
-            raise ReplayCompileError(f"compile failed as recorded (CompilationFailedConfig) for {key}")
-        return recorded
-
-    def run(self, key: Key) -> float:
-        """Run a config once: a time drawn from its recorded samples, charged to the clock."""
-        recorded = self.build(key)
-        if recorded.failure == "runtime":
-            raise ReplayRuntimeError(f"launch failed as recorded (RuntimeFailedConfig) for {key}")
-        seconds = self._rng.choice(recorded.times)
-        self.device_seconds += seconds
-        self.runs += 1
-        self._last = seconds
-        return seconds
-
-    def flush(self) -> None:
-        return None
-
-    def sync(self) -> None:
-        return None
-
-    def exclusive(self) -> contextlib.AbstractContextManager[None]:
-        return self._lock.hold()
-
-    @contextlib.contextmanager
-    def activate(self) -> Iterator[None]:
-        previous = _active_client()
-        _active.client = self
-        try:
-            yield
-        finally:
-            _active.client = previous
-
-    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
-        self._last = None
-        with self.activate():
-            out = fn()
-        if self._last is None:
-            raise TuneFailure.rejected("the candidate launched no recorded kernel on the replay device")
-        return out, self._last
-
-    def properties_fingerprint(self) -> str:
-        return fields([self.recording.device_name, self.recording.kernel_name, f"sha256:{self.recording.digest}"])
-
-    def model(self) -> str:
-        return self.recording.device_name
-
-    def driver_fingerprint(self) -> str | None:
-        return f"replay of sha256:{self.recording.digest}"
-
-    def compiler(self) -> str:
-        return "recorded (Kernel Tuner cache file)"
-
-    def runtime_options(self) -> str:
-        return ""
-
-    def __repr__(self) -> str:
-        return f"ReplayClient({self.recording.path.name}, seed={self.seed}, {self.device_id})"
-
-
-class ReplayCompileError(RuntimeError):
-    """A recorded compile failure (CompilationFailedConfig), raised when the config is built."""
-
-
-class ReplayRuntimeError(RuntimeError):
-    """A recorded runtime failure (RuntimeFailedConfig), raised when the config runs."""

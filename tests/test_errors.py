@@ -22,6 +22,7 @@ from farm.errors import (
     NvrtcError,
     NvrtcUnavailable,
     ProtocolError,
+    ReplayFailure,
     RestrictionError,
     TuneFailure,
     ValidationUnavailable,
@@ -54,6 +55,7 @@ EXAMPLES = [
     IllegalTransition("problem p1: published -> running"),
     RunInterrupted("run r1 interrupted with 3 problems unfinished"),
     RestrictionError("space 'tiled': restriction 'block // unroll' failed: ZeroDivisionError"),
+    ReplayFailure("launch failed as recorded (RuntimeFailedConfig) for (16, 4)"),
     GroupsFailed("1 of 2 groups failed in the farm: p1/g0: rejected"),
     CompileTimeout("3 kernels not compiled after 60 s on queue farm.compile"),
 ]

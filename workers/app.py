@@ -26,7 +26,6 @@ from typing import Any
 from celery import Celery, Task, current_app, signals
 from celery.exceptions import MaxRetriesExceededError, Reject, SoftTimeLimitExceeded
 
-from farm.runtimes import client_for
 from farm_fleet import presence
 from farm_fleet.celeryconf import celery_config
 from farm_fleet.errors import DeviceQuarantined, GroupsFailed, StoreUnavailable
@@ -41,6 +40,7 @@ from farm_fleet.protocol import (
 )
 from farm_fleet.results import RedisResults, ResultsStore, Runner
 from farm_fleet.settings import Settings
+from farm_kernels import recorded
 from farm_workers.tasks import WorkerContext, run_groups
 
 DEVICE_VARIABLE = "FARM_WORKER_DEVICE"
@@ -89,7 +89,7 @@ class FarmWorker:
             kernels = tuple(k for k in os.environ.get(KERNELS_VARIABLE, "").split(",") if k)
             self._client = client
             self._context = WorkerContext(
-                client=client_for(os.environ.get(DEVICE_VARIABLE, "cpu:0")),
+                client=recorded.client_for(os.environ.get(DEVICE_VARIABLE, "cpu:0")),
                 results=RedisResults(client, settings),
                 settings=settings,
                 worker_id=worker_id,

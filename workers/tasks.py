@@ -31,6 +31,7 @@ from farm.roster import Roster
 from farm.runner import Validation
 from farm.runtimes.base import ComputeClient
 from farm.search import search
+from farm.tunable import TunableSet
 from farm_fleet.errors import DeviceQuarantined
 from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupKey, GroupResult, GroupTask
 from farm_fleet.results import ResultsStore, Runner
@@ -195,24 +196,14 @@ def _release(task: GroupTask, ctx: WorkerContext, runner: Runner) -> None:
 
 
 def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> GroupResult:
-    from farm_kernels import registry
-
-    # Operations come only from the worker's own configuration (--kernels, entry points): a message may name the
-    # modules it expects, but that list is a check, never something to import (issue 12).
-    registry.ensure_loaded(ctx.kernels)
-    if task.operation not in registry.names():
-        expected = f" (the task expects modules {', '.join(task.kernels)})" if task.kernels else ""
-        raise LookupError(f"this worker has no operation {task.operation!r}{expected}: start it with --kernels "
-                          f"naming the module (known: {', '.join(registry.names())})")
+    name, tunable, build = _operation(task, ctx)
     if task.fingerprint != ctx.digest:
         raise ValueError(f"task for fingerprint {task.fingerprint} reached a worker of fingerprint {ctx.digest}")
-    operation = registry.get(task.operation)
-    tunable = operation.tunable(task.device_kind)
     policy = StackPolicy.from_dict(task.policy, where=f"task {task.run}/{task.problem_id}/{task.group} policy")
     client = ctx.client
     started = time.monotonic()
-    inputs = operation.build(task.spec, client)
-    problem, candidates, order = stack_request(operation.name, client.device_kind, client, tunable, inputs)
+    inputs = build()
+    problem, candidates, order = stack_request(name, client.device_kind, client, tunable, inputs)
     key = cache_key(problem, candidates, 0, policy)
     # A roster too long to send (a large space) travels as the key alone: the coordinator unranks its names
     # from the key's space descriptors (farm.keyroster).
@@ -238,6 +229,24 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
         budget_exhausted=found.budget_exhausted, cache_key=key, reference_index=0, names=tuple(names),
         provenance=provenance,
     )
+
+
+def _operation(task: GroupTask, ctx: WorkerContext) -> tuple[str, TunableSet, Callable[[], tuple[Any, ...]]]:
+    """The task's operation name, tunable set and input builder, from this worker's own configuration only:
+    its --kernels and entry points, or the recording its device serves (``farm_kernels.recorded``). A message may
+    name the modules it expects, but that list is a check, never something to import (issue 12)."""
+    from farm_kernels import recorded, registry
+
+    if task.device_kind == recorded.KIND:
+        recording = recorded.own(ctx.client, task.operation, task.spec)
+        return task.operation, recording.tunable, lambda: recording.inputs
+    registry.ensure_loaded(ctx.kernels)
+    if task.operation not in registry.names():
+        expected = f" (the task expects modules {', '.join(task.kernels)})" if task.kernels else ""
+        raise LookupError(f"this worker has no operation {task.operation!r}{expected}: start it with --kernels "
+                          f"naming the module (known: {', '.join(registry.names())})")
+    operation = registry.get(task.operation)
+    return operation.name, operation.tunable(task.device_kind), lambda: operation.build(task.spec, ctx.client)
 
 
 def _positions(task: GroupTask, candidates: Sequence[Candidate]) -> list[int]:

@@ -23,10 +23,11 @@ from typing import Any
 
 from farm.environment import farm_version, runtime_environment
 from farm.errors import ConfigError, FarmError
-from farm.runtimes import client_for, parse_device
+from farm.runtimes import parse_device
 from farm.runtimes.host import host_regime, limit_threads
 from farm_fleet import presence
 from farm_fleet.settings import Settings
+from farm_kernels import recorded
 from farm_kernels.cuda.kcache import CACHE_ENV, default_location
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,11 @@ def pin(device: str, cores: str | None = None) -> tuple[str, frozenset[int] | No
 
     A host device also limits every thread pool to its core count (the environment for libraries that load
     later, threadpoolctl for those already loaded), so no library runs more threads than the worker has cores.
-    A CUDA device pins its host threads only when ``cores`` is given."""
+    A CUDA device pins its host threads only when ``cores`` is given. A replay device (``replay:PATH[#N]``, a
+    recording: ``farm_kernels.recorded``) runs nothing here: it is loaded (ConfigError naming a bad file), not pinned."""
+    if recorded.parse_device(device) is not None:
+        recorded.load_device(device)
+        return device, None
     kind, index = parse_device(device)
     if kind == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
@@ -119,9 +124,10 @@ def probe(device: str) -> dict[str, Any]:
 
 
 def probe_here(device: str) -> dict[str, Any]:
-    client = client_for(device)
+    client = recorded.client_for(device)
     env = runtime_environment(client)
     return {
+        "name": recorded.worker_name(device, client),
         "fingerprint": env.fingerprint,
         "digest": env.digest,
         "persistent": env.persistent,
@@ -148,7 +154,7 @@ def use_fleet_kernel_cache(device: str, settings: Settings) -> str | None:
     trial path load through it (``use_kernel_cache``; ``$FARM_KERNEL_CACHE`` for the pool processes too). A miss
     there compiles once on this worker and stores the entry; NVRTC never runs twice for one kernel. The cache's
     description (a Redis URL without its password), or None."""
-    location = kernel_cache_location(parse_device(device)[0], settings.redis_url, os.environ)
+    location = kernel_cache_location(recorded.device_kind(device), settings.redis_url, os.environ)
     if location is None:
         return None
     from farm_kernels.cuda.compile import use_kernel_cache
@@ -187,9 +193,9 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     if not identity["persistent"]:
         log.warning("environment is session-only (no driver or build identity): decisions will not be reusable")
     host = socket.gethostname()
-    worker_id = f"{host}-{device.replace(':', '')}"
+    worker_id = f"{host}-{identity['name']}"
     os.environ["FARM_WORKER_ID"] = worker_id
-    nodename = f"{device.replace(':', '')}@{host}"
+    nodename = f"{identity['name']}@{host}"
     queues = [settings.fingerprint_queue(identity["digest"]), settings.worker_queue(worker_id)]
 
     from farm.stores.redis import connect
@@ -198,7 +204,7 @@ def run_worker(device: str, settings: Settings, kernels: tuple[str, ...] = (), l
     app = create_app(settings)
     redis_client = connect(settings.redis_url, timeout=10.0)
     redis_client.hset(settings.fingerprints_key, identity["digest"], identity["fingerprint"])
-    kind = parse_device(device)[0]
+    kind = recorded.device_kind(device)
     info = presence.WorkerInfo(
         worker_id=worker_id, host=host, device=device, device_kind=kind, fingerprint=identity["digest"],
         model=identity["model"], farm_version=farm_version(), state=presence.HEALTHY, pid=os.getpid(),
