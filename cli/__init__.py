@@ -208,6 +208,7 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                    f"({summary.tasks} group tasks: {summary.ran} group results ran, {summary.reused} reused; "
                    f"{summary.decided_before} problems reused from earlier runs"
                    f"{', add --force to re-tune them' if summary.decided_before else ''})")
+        click.echo(report.cost_line(summary))
     for line in failed:
         click.echo(f"farm: failed: {line}", err=True)
     if failed:

@@ -89,6 +89,9 @@ class LogProgress:
         self.counts.count(aggregate)
         self._maybe_log()
 
+    def compiled(self, seconds: float) -> None:
+        """Nothing to show: the compile stage's notes are on the console, its seconds in the closing summary."""
+
     def finished(self) -> None:
         log.info("%s (finished%s)", self.counts.line(), self.counts.why_fewer(),
                  extra={"progress": self.counts.fields()})

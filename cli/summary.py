@@ -58,8 +58,25 @@ def rows(summary: Any, sink: Sink, policy: StackPolicy | None = None) -> list[di
         row.update(winner=record.name, ratio=record.ratio, verified=record.verified,
                    confirmation=confirmation_text(str(record.meta.get("confirmation") or "-")),
                    lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")),
-                   effort=space_effort(record, policy), partial=partial_search(record, policy))
+                   effort=space_effort(record, policy), partial=partial_search(record, policy),
+                   device_seconds=record.meta.get("device_seconds"), compile_seconds=record.meta.get("compile_seconds"))
     return out
+
+
+def cost_line(summary: Any) -> str:
+    """The run's cost, one line: ``cost: device 12.3 s, compile 4.5 s (recorded with each decision)``: seconds its
+    searches ran on the devices (validation, warm-ups, timed runs, confirmations) and seconds its compile stage
+    charged (off the devices); each published decision's meta holds its own share."""
+    return (f"cost: device {summary.device_seconds:.1f} s, compile {summary.compile_seconds:.1f} s "
+            "(recorded with each decision)")
+
+
+def problem_cost(row: dict[str, Any]) -> str:
+    """``; device 1.2 s, compile 0.3 s`` for a row whose record counts them, else empty."""
+    device, compiled = row.get("device_seconds"), row.get("compile_seconds")
+    if not isinstance(device, (int, float)):
+        return ""
+    return f"; device {device:.1f} s" + (f", compile {compiled:.1f} s" if isinstance(compiled, (int, float)) else "")
 
 
 def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> str | None:
@@ -140,7 +157,7 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
             continue
         t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
                   str(r["lost"]))
-    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}" for r in all_rows[:TABLE_ROWS]
+    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}{problem_cost(r)}" for r in all_rows[:TABLE_ROWS]
               if r.get("effort") and r.get("partial")]
     if len(spaced) > SPACE_LINES:
         spaced = [*spaced[:SPACE_LINES], f"... and {len(spaced) - SPACE_LINES:,} more problems tuned over spaces"]
@@ -162,7 +179,8 @@ def as_json(summary: Any, all_rows: list[dict[str, Any]], sink: Sink) -> Iterato
     """The decisions as one JSON document, in pieces (records read back again, a chunk at a time)."""
     head = {"run": summary.run, "published": summary.published,
             "reused": sum(1 for r in all_rows if r["source"] == "reused"),
-            "failed": len(failures(all_rows)), "wall_seconds": summary.wall_seconds}
+            "failed": len(failures(all_rows)), "wall_seconds": summary.wall_seconds,
+            "device_seconds": summary.device_seconds, "compile_seconds": summary.compile_seconds}
     yield json.dumps(head, indent=1)[:-2] + ',\n "decisions": ['
     for i, (r, record) in enumerate(with_records(sink, all_rows)):
         decision = {k: r[k] for k in ("operation", "spec", "workload", "fingerprint", "source")}

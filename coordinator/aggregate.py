@@ -19,14 +19,19 @@ from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
 from farm_coordinator.plan import PlannedProblem
+from farm_coordinator.racing import settled
 from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
 META_FIELDS = (
     "run", "problem_id", "operation", "device_kind", "spec", "fingerprint", "reference", "relative_mad", "samples",
     "accuracy_key", "farm_version", "workers", "candidates", "tuned_by", "confirmation", "confirmed_by",
-    "confirmation_ratio", "rejected_winner",
+    "confirmation_ratio", "rejected_winner", "device_seconds", "compile_seconds",
 )
+# The search's cost (SEMANTICS, "device seconds are the cost"): ``device_seconds``, what its groups' runs took on
+# their devices (every group and the confirmation: validation, warm-ups, timed runs); ``compile_seconds``, what the
+# run's compile stage charged to this problem (a replay target's recorded compile time, ``farm_coordinator.
+# precompile``; 0 when the stage's time cannot be told per problem: the run's summary has it then).
 # A problem tuned over a space adds the search's effort (as the in-process search records it, farm.spacesearch):
 # the run's strategy, seed and max_configs, the space configs judged and how many its spaces declare, the value
 # lists a complete search covered (None: not complete), the winner's name and whether the search was incremental
@@ -53,17 +58,26 @@ class Aggregate:
     budget_exhausted: bool = False
     results: Mapping[str, GroupResult] = field(default_factory=dict)
     confirmation: GroupResult | None = None
+    compile_seconds: float = 0.0
+
+    @property
+    def device_seconds(self) -> float:
+        """Seconds its groups (and its confirmation, once applied) ran on their devices."""
+        groups = sum(r.device_seconds for r in self.results.values())
+        return groups + (self.confirmation.device_seconds if self.confirmation is not None else 0.0)
 
 
 def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: StackPolicy, run: str,
-              asked: Mapping[str, tuple[tuple[str, str], ...]] | None = None) -> Aggregate:
+              asked: Mapping[str, tuple[tuple[str, str], ...]] | None = None, compile_seconds: float = 0.0) -> Aggregate:
     """The decision of a problem from its group results ``told`` (every group of its search answered), by the
-    in-process rule. ``asked``: the candidates of groups the plan does not name (a strategy's own groups)."""
+    in-process rule. ``asked``: the candidates of groups the plan does not name (a strategy's own groups).
+    ``compile_seconds``: what the run's compile stage charged to this problem (its meta records it)."""
+    told = settled(told)  # a race's configs: dropped unless the winner's final verdict (farm_coordinator.racing)
     planned = [t.group for t in problem.tasks]
     order = [g for g in planned if g in told] + [g for g in told if g not in planned]
     by_group: dict[str, GroupResult] = {g: told[g] for g in order}
     results: list[GroupResult] = list(by_group.values())
-    failed = functools.partial(_failure, problem, by_group)
+    failed = functools.partial(_failure, problem, by_group, compile_seconds)
     trial_seconds = sum(r.trial_seconds for r in results)
     ok = [r for r in results if r.status == STATUS_OK]
     if any(r.status == STATUS_VALIDATION_UNAVAILABLE for r in results):
@@ -129,6 +143,8 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
         "confirmed_by": None,
         "confirmation_ratio": None,
         "rejected_winner": None,
+        "device_seconds": sum(r.device_seconds for r in results),
+        "compile_seconds": compile_seconds,
     }
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
@@ -146,7 +162,7 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     meta.update(effort)
     record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
     return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
-                     worker_of.get(winner), budget_exhausted, by_group)
+                     worker_of.get(winner), budget_exhausted, by_group, compile_seconds=compile_seconds)
 
 
 def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolicy) -> dict[str, Any]:
@@ -164,8 +180,10 @@ def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolic
             "evaluated": evaluated, "space_size": size}
 
 
-def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], error: str, trial_seconds: float) -> Aggregate:
-    return Aggregate(problem, None, (), None, None, error, trial_seconds, results=results)
+def _failure(problem: PlannedProblem, results: Mapping[str, GroupResult], compile_seconds: float, error: str,
+             trial_seconds: float) -> Aggregate:
+    return Aggregate(problem, None, (), None, None, error, trial_seconds, results=results,
+                     compile_seconds=compile_seconds)
 
 
 TRIAL_FIELDS = ARCHIVE_TRIAL_FIELDS  # the trial row's fields: defined once, with their types, by the archive schema
@@ -261,6 +279,7 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
     meta = dict(record.meta)
     meta["confirmed_by"] = result.provenance.get("worker")
     meta["confirmation_ratio"] = confirmed_ratio
+    meta["device_seconds"] = float(meta.get("device_seconds") or 0.0) + result.device_seconds
     extra = result.trial_seconds
     if contradicted is not None:
         meta["confirmation"] = contradicted

@@ -2,7 +2,7 @@
 with the fleet's live state (workers by state, queue depth per fingerprint) at every scrape.
 
 Coordinators count as they go (:class:`RunMetrics`, a progress hook for ``farm_coordinator.run.tune``): problems
-published, failed and reused, trial seconds and confirmation outcomes, in one Redis hash (``<prefix>:metrics``)
+published, failed and reused, trial, device and compile seconds and confirmation outcomes, in one Redis hash (``<prefix>:metrics``)
 shared by every coordinator, so the counters are monotonic across runs and hosts. ``farm metrics`` serves them on
 ``/metrics`` (docs/farm.md, Metrics); a Redis that does not answer at start is an error (exit status 2), one
 that goes away later makes ``farm_up`` 0, never a failed scrape.
@@ -66,6 +66,7 @@ class RunMetrics:
         floats = {}
         if aggregate is not None:
             floats["trial_seconds"] = float(aggregate.trial_seconds or 0.0)
+            floats["device_seconds"] = aggregate.device_seconds
             record = aggregate.record
             confirmation = str((record.meta.get("confirmation") if record is not None else None) or "")
             if confirmation:
@@ -73,6 +74,12 @@ class RunMetrics:
         self._count(counts, floats)
         if self.inner is not None:
             self.inner.problem_done(outcome, aggregate)
+
+    def compiled(self, seconds: float) -> None:
+        if seconds:
+            self._count({}, {"compile_seconds": seconds})
+        if self.inner is not None:
+            self.inner.compiled(seconds)
 
     def _count(self, counts: dict[str, int], floats: dict[str, float]) -> None:
         try:
@@ -115,6 +122,12 @@ class FarmCollector:
             yield CounterMetricFamily(name, text, value=float(counts.get(field, 0)))
         yield CounterMetricFamily("farm_trial_seconds", "Seconds of trials behind the problems tuned (all devices).",
                                   value=float(counts.get("trial_seconds", 0)))
+        yield CounterMetricFamily("farm_device_seconds", "Seconds the searches ran on their devices (validation, "
+                                  "warm-ups, timed runs, confirmations): what tuning cost the fleet.",
+                                  value=float(counts.get("device_seconds", 0)))
+        yield CounterMetricFamily("farm_compile_seconds", "Seconds the runs' compile stages charged (NVRTC time of "
+                                  "fresh compiles, a replay recording's compile time), off the devices.",
+                                  value=float(counts.get("compile_seconds", 0)))
         confirmations = CounterMetricFamily("farm_confirmations", "Winners sent to a second device, by outcome "
                                             "(failed: the second device did not confirm; the reference stays).",
                                             labels=["result"])

@@ -76,6 +76,10 @@ class ProgressHook(Protocol):
 
     def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None: ...
 
+    def compiled(self, seconds: float) -> None:
+        """The run's compile stage charged ``seconds`` (before any group is sent; once per run)."""
+        ...
+
     def finished(self) -> None: ...
 
 
@@ -131,12 +135,15 @@ class RunSummary:
     reused: int = 0  # group results reused from an earlier run of the same round
     ran: int = 0  # group results this run received from the fleet
     resent: int = 0  # groups sent again (lost, or their batch stopped early)
+    device_seconds: float = 0.0  # what the decided problems' groups ran on their devices (the searches' cost)
+    compile_seconds: float = 0.0  # what the run's compile stage charged (farm_coordinator.precompile)
 
     def decided(self, agg: Aggregate, error: str | None = None) -> None:
         """A problem this run decided: published (``agg.record``) or failed with ``error``."""
         p = agg.problem
         self.problems.append(Settled(p.problem_id, p.target, p.workload, RAN, error))
         self.trial_seconds += agg.trial_seconds
+        self.device_seconds += agg.device_seconds
         if error is None:
             self.published += 1
         else:

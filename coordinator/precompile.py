@@ -74,10 +74,24 @@ class Precompiled:
     notes: list[str] = field(default_factory=list)
     compile_seconds: dict[str, float] = field(default_factory=dict)
     """Replay targets: fingerprint digest -> the recorded compile seconds this stage charged (:func:`replay_stage`)."""
+    charged: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The part of ``compile_seconds`` each problem owes: fingerprint digest -> operation -> seconds (a recorded
+    problem is its recording's one workload, so the pair names one problem)."""
 
     def for_target(self, digest: str, operation: str) -> Mapping[str, str]:
         """The rejected configs of ``operation`` on the target ``digest`` (name -> verdict), empty when none."""
         return self.rejected.get(digest, {}).get(operation, {})
+
+    def charged_to(self, digest: str, operation: str) -> float:
+        """The compile seconds this stage charged to the problem of ``operation`` on ``digest``: 0 when its time
+        cannot be told per problem (the CUDA stage compiles every operation of an architecture at once)."""
+        return self.charged.get(digest, {}).get(operation, 0.0)
+
+    @property
+    def seconds(self) -> float:
+        """Every compile second this stage charged: the replay targets' recorded time and each architecture's NVRTC
+        time (its fresh compiles; a kernel served from the cache costs none)."""
+        return sum(self.compile_seconds.values()) + sum(s.compile_seconds for s in self.summaries.values())
 
 
 def compilable_sets(catalog: Catalog) -> dict[str, TunableSet]:
@@ -159,6 +173,8 @@ def replay_stage(catalog: Catalog, targets: Iterable[Target], done: Precompiled)
             if failed:
                 done.rejected.setdefault(target.digest, {})[workload.operation] = failed
             done.compile_seconds[target.digest] = done.compile_seconds.get(target.digest, 0.0) + seconds
+            problem = done.charged.setdefault(target.digest, {})
+            problem[workload.operation] = problem.get(workload.operation, 0.0) + seconds
             done.notes.append(f"compiled {recording.path.name} (fingerprint {target.digest}) before sending, as "
                               f"recorded: {len(recording.configs)} configs in {seconds:.1f} s of recorded compile "
                               f"time, charged to the compile stage; {len(failed)} failed (never sent)")

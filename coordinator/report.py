@@ -1,7 +1,8 @@
 """`farm report`: one self-contained HTML file explaining the decisions of an archive.
 
 Per fingerprint: a readable environment summary (device, cores and threads, driver, compiler, build; the raw
-fingerprint folded away), problems, winners by candidate, median speedup over the reference. Per problem: each candidate's
+fingerprint folded away), problems, winners by candidate, median speedup over the reference, what the searches cost
+(device and compile seconds). Per problem: its device and compile seconds, each candidate's
 paired ratios (candidate/reference per pair) as points with the median, the noise band (median +- relative MAD)
 and the min_speedup line, the verdict, and why the others lost. The page embeds its data as JSON and draws the
 plots on demand, so it stays fast with thousands of problems (search, filters, paging); it needs no network.
@@ -66,6 +67,8 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
             "candidates": list(candidates.values()),
             "not_tried": not_tried,
             "spaces": heat_maps(record.cache_key, list(candidates.values())),
+            "device_seconds": _seconds(meta.get("device_seconds")),
+            "compile_seconds": _seconds(meta.get("compile_seconds")),
         })
         problems[-1]["ticks"] = ratio_ticks(*axis_range(list(candidates.values()), min_speedup))
     problems.sort(key=lambda p: (p["operation"], p["workload"]))
@@ -78,9 +81,16 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         "winners": Counter(p["winner"] for p in problems).most_common(),
         "median_speedup": statistics.median(speedups) if speedups else 1.0,
         "min_speedup": min_speedup,
+        "device_seconds": sum(p["device_seconds"] or 0.0 for p in problems),
+        "compile_seconds": sum(p["compile_seconds"] or 0.0 for p in problems),
         "retuned": [{"operation": p["operation"], "workload": p["workload"], "winner": p["winner"],
                      "reason": p["origin"]} for p in problems if p["origin"]],
     }
+
+
+def _seconds(value: Any) -> float | None:
+    """A record's device or compile seconds; None for a record from before the farm counted them."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def environment_summary(fingerprint: str) -> list[tuple[str, str]]:
@@ -256,7 +266,7 @@ function detail(p,minSpeedup){
   let t=`<div>${plot(p,minSpeedup)}</div>${(p.spaces||[]).map(h=>`<div>${heat(h)}</div>`).join("")}<table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
   const untried=p.not_tried?` · ${p.not_tried} candidate group${p.not_tried>1?"s":""} not tried: the budget ran out before ${p.not_tried>1?"their":"its"} turn`:"";
-  return t+`</table><p class="note">confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
+  return t+`</table><p class="note">cost: <span class="cost">device ${fmt(p.device_seconds,2)} s, compile ${fmt(p.compile_seconds,2)} s</span> · confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
 }
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");
@@ -266,6 +276,7 @@ FPS.forEach((fp,fi)=>{
   <details><summary class="muted">raw fingerprint</summary><code>${esc(fp.fingerprint)}</code></details>
   <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
   <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
+  <div class="card">searches cost <b>${fmt(fp.device_seconds,1)} device s</b>, ${fmt(fp.compile_seconds,1)} compile s</div>
   <div class="card">winners by candidate:<br>${fp.winners.map(w=>`${esc(w[0])}: ${w[1]}`).join("<br>")}</div></div>
   ${fp.retuned.length?`<h3>Tuned from fleet reports</h3><ul>${fp.retuned.map(r=>`<li>${esc(r.operation)} ${esc(r.workload)} -> ${esc(r.winner)}: ${esc(r.reason)}</li>`).join("")}</ul>`:""}
   <div class="controls"><input type="search" placeholder="search operation, workload, winner" size="40" data-role="q">

@@ -35,7 +35,7 @@ from farm_coordinator.endings import expire, interrupt
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
 from farm_coordinator.plan import PlannedProblem, Planner, batch_size, in_flight_limit
 from farm_coordinator.ports import Bans, Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
-from farm_coordinator.precompile import Precompiler
+from farm_coordinator.precompile import Precompiled, Precompiler
 from farm_coordinator.publish import PUBLISH_BATCH, PUBLISH_WAIT, Publisher
 from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
 from farm_coordinator.settle import Settlement, quietly
@@ -134,6 +134,7 @@ class _Run:
         self.advance: Callable[[str, int], None] = lambda digest, trials: None
         self.groups_done = 0
         self.precompile: Precompiler | None = None
+        self.precompiled = Precompiled()  # what the compile stage found and charged (empty without one)
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -161,6 +162,11 @@ class _Run:
         precompiled = self.precompile(self.catalog, targets) if self.precompile is not None else None
         for note in precompiled.notes if precompiled is not None else ():
             self.console.log(note)
+        if precompiled is not None:
+            self.precompiled = precompiled
+            self.summary.compile_seconds = precompiled.seconds
+            if self.hook is not None:
+                self.hook.compiled(precompiled.seconds)
         planner = Planner(self.catalog, targets, self.run, banned, precompiled.rejected if precompiled else None,
                           None if self.claims.force else self.claims.sink.problem_records)
         if next(planner.pairs(), None) is None:
@@ -356,7 +362,8 @@ class _Run:
         return {task.group: r for task, r in zip(tasks, found, strict=True) if r is not None and reusable(r)}
 
     def _decide(self, t: Tracked) -> None:
-        agg = aggregate(t.plan, t.state.results, self.policy, self.run, t.state.asked)
+        charged = self.precompiled.charged_to(t.plan.target.digest, t.plan.workload.operation)
+        agg = aggregate(t.plan, t.state.results, self.policy, self.run, t.state.asked, charged)
         if agg.record is not None and agg.record.index != 0:
             helper = self.fleet.confirmer(t.plan.target, agg.winner_worker)
             if helper is not None:

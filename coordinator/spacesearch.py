@@ -22,6 +22,7 @@ before it sends a strategy's group); a config asked before the kill whose result
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -35,6 +36,7 @@ from farm.strategies import make_strategy, replay
 from farm.trials import TrialVerdict
 from farm.tunable import TunableSet
 from farm_coordinator.plan import PlannedProblem, searches_spaces
+from farm_coordinator.racing import final_group, parse_final, race_state
 from farm_coordinator.strategy import PRIORITY_GROUPS, Ask, Strategy
 from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, GroupResult
 
@@ -43,8 +45,11 @@ _TIMED = (TrialVerdict.PASSED, TrialVerdict.UNVERIFIED)
 
 
 def strategy_for(policy: StackPolicy) -> Strategy:
-    """The coordinator strategy a run under ``policy`` uses."""
-    return SpaceSearch(policy) if searches_spaces(policy) else PRIORITY_GROUPS
+    """The coordinator strategy a run under ``policy`` uses: a space search races its configs under
+    ``screening = "race"`` (:class:`RaceSearch`)."""
+    if not searches_spaces(policy):
+        return PRIORITY_GROUPS
+    return RaceSearch(policy) if policy.screening == "race" else SpaceSearch(policy)
 
 
 def group_name(round_no: int, position: int) -> str:
@@ -151,3 +156,46 @@ class SpaceSearch:
         if outcome is None or outcome.verdict not in _TIMED or not outcome.pairs:
             return None
         return judge(outcome.pairs, self.policy).ratio
+
+
+class RaceSearch(SpaceSearch):
+    """A :class:`SpaceSearch` under ``screening = "race"`` (docs/farm.md, "Racing on the farm"): the same configs
+    in the same groups, each sent with the incumbent and the noise of the race the stored results show
+    (``farm_coordinator.racing.race_state``), the strategy told each config's estimated ratio to the reference;
+    once the space search proposes nothing more (its end, ``max_configs`` or the budget) and no config is in
+    flight, the incumbent other than the reference gets its full trials against the reference in one final group
+    (``final.<position>``, sent even when the budget is spent), unless a listed candidate's full verdict made it
+    the incumbent. Pure in its inputs like SpaceSearch: a restarted coordinator rebuilds the same race."""
+
+    def propose(self, plan: PlannedProblem, results: Mapping[str, GroupResult], in_flight: Collection[str],
+                capacity: int) -> Sequence[Ask]:
+        if any(t.group not in results for t in plan.tasks):
+            return PRIORITY_GROUPS.propose(plan, results, in_flight, capacity)
+        if any(parse_final(g) is not None for g in (*results, *in_flight)):
+            return ()  # the race is over: its winner's final group is out or back
+        roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
+        race = race_state(roster.names[0], results, self.policy)
+        space = _Told(self.policy, lambda operation, kind: roster, race.estimates)
+        asks = space.propose(plan, results, in_flight, capacity)
+        if asks:
+            position = roster.position(race.incumbent)
+            assert position is not None, race.incumbent
+            incumbent = (race.incumbent, roster[position].revision)
+            return [dataclasses.replace(a, incumbent=incumbent, noise=race.noise) for a in asks]
+        if any(parse_group(g) is not None for g in in_flight) or race.incumbent == roster.names[0] or race.seeded:
+            return ()  # configs still racing, or no final trials to take
+        position = roster.position(race.incumbent)
+        assert position is not None, race.incumbent
+        return [Ask(final_group(position), ((race.incumbent, roster[position].revision),), whole_budget=True)]
+
+
+class _Told(SpaceSearch):
+    """A SpaceSearch whose strategy is told the race's estimated ratios to the reference."""
+
+    def __init__(self, policy: StackPolicy, rosters: Callable[[str, str], Roster],
+                 estimates: Mapping[str, float | None]) -> None:
+        super().__init__(policy, rosters)
+        self.estimates = estimates
+
+    def ratio(self, roster: Roster, position: int, result: GroupResult) -> float | None:
+        return self.estimates.get(roster.names[position])

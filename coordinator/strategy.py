@@ -38,10 +38,16 @@ from farm_fleet.protocol import GroupResult, GroupTask
 
 @dataclass(frozen=True)
 class Ask:
-    """One group a strategy wants timed: its name (unique in the problem) and candidates (name, revision)."""
+    """One group a strategy wants timed: its name (unique in the problem) and candidates (name, revision).
+    A race's group names its ``incumbent`` (name, revision) and the ``noise`` it carries (``GroupTask``);
+    ``whole_budget``: the race winner's final trials, sent even after the budget is spent and carrying the whole
+    budget (in-process, the winner's full verdict too is one candidate's trials more, ``farm.racing``)."""
 
     group: str
     candidates: Candidates
+    incumbent: tuple[str, str] | None = None
+    noise: tuple[float, ...] = ()
+    whole_budget: bool = False
 
 
 class Strategy(Protocol):
@@ -90,16 +96,17 @@ def next_tasks(plan: PlannedProblem, state: ProblemState, budget: float, strateg
         left = None if not results else budget - spent
         for ask in asks:
             task = _task(plan, state.round, ask)
-            if left is not None and left <= 0:
+            if left is not None and left <= 0 and not ask.whole_budget:
                 results[ask.group] = result = GroupResult.not_tried(task, budget_note(budget))
                 not_tried.append(result)
                 continue
             in_flight.add(ask.group)
-            tasks.append(dataclasses.replace(task, budget=left))
+            tasks.append(dataclasses.replace(task, budget=None if ask.whole_budget else left))
     return tasks, not_tried
 
 
 def _task(plan: PlannedProblem, round_id: str | None, ask: Ask) -> GroupTask:
     """The task of an ask, under the problem's round (the plan's run before a claim gives it one)."""
     planned = plan.task(ask.group) or plan.tasks[0]
-    return dataclasses.replace(planned, run=round_id or planned.run, group=ask.group, candidates=ask.candidates)
+    return dataclasses.replace(planned, run=round_id or planned.run, group=ask.group, candidates=ask.candidates,
+                               incumbent=ask.incumbent, noise=ask.noise)

@@ -306,13 +306,15 @@ class StackTuner:
         ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
                                        ref_note, index=ref)
+        spent = runner_cost(runner)
+        search_cost = {"device_seconds": spent[0] - cost[0], "compile_seconds": spent[1] - cost[1]}
         for record in decided(req.key, req.problem, cands, winner, ref, names[winner], selection.verified,
-                              selection.ratio, time.time(), policy, spaced):  # with a spaced one's family record
+                              selection.ratio, time.time(), policy, spaced, search_cost):  # with a spaced one's family record
             self._store(req, record)
         report = search_report(req.problem, names[winner], time.monotonic() - started, budget_exhausted,
                                tuple(reports[i] for i in sorted(reports)), policy, spaced)
-        spent = runner_cost(runner)
-        report = dataclasses.replace(report, device_seconds=spent[0] - cost[0], compile_seconds=spent[1] - cost[1])
+        report = dataclasses.replace(report, device_seconds=search_cost["device_seconds"],
+                                     compile_seconds=search_cost["compile_seconds"])
         with self._lock:
             self._counters["tunes"] += 1
             self._reports.append(report)

@@ -82,6 +82,17 @@ def excess_bound(noise: Sequence[float], runs: int, look: int) -> float:
     return max(empirical, mean * math.log(1.0 / level))
 
 
+def screen(config_best: float, config_runs: int, incumbent_best: float, incumbent_runs: int,
+           noise: Sequence[float], look: int) -> str | None:
+    """The sequential test at a config's ``look``-th look (1-based): "slower" (drop it), "faster" (it becomes the
+    incumbent) or None (undecided), from each side's fastest run and run count and the excesses ``noise``."""
+    if config_best > incumbent_best * (1.0 + excess_bound(noise, config_runs, look)):
+        return "slower"
+    if incumbent_best > config_best * (1.0 + excess_bound(noise, incumbent_runs, look)):
+        return "faster"
+    return None
+
+
 @dataclass
 class Entrant:
     """One config in the race: its runs and the pairs it was timed in, as (incumbent seconds, its seconds)."""
@@ -174,11 +185,12 @@ class Race:
             entrant.looks += 1
             incumbent_runs = self.incumbent_runs[self.incumbent]
             incumbent_best = self.incumbent_best
-            noise = self._noise()
-            if entrant.best > incumbent_best * (1.0 + excess_bound(noise, len(entrant.runs), entrant.looks)):
+            verdict = screen(entrant.best, len(entrant.runs), incumbent_best, len(incumbent_runs), self._noise(),
+                             entrant.looks)
+            if verdict == "slower":
                 self._drop(entrant, self.incumbent, incumbent_best)
                 return
-            if incumbent_best > entrant.best * (1.0 + excess_bound(noise, len(incumbent_runs), entrant.looks)):
+            if verdict == "faster":
                 self._promote(entrant)
                 return
         if entrant.runs:

@@ -213,10 +213,13 @@ def space_meta(policy: StackPolicy, spaced: Explored | None, winner: str) -> dic
 def decided(
     key: str, problem: Problem, candidates: Sequence[Candidate], index: int, reference: int, name: str,
     verified: bool, ratio: float, created: float, policy: StackPolicy, spaced: Explored | None,
+    cost: Mapping[str, float] | None = None,
 ) -> list[DecisionRecord]:
-    """The records a search stores: its decision (with :func:`space_meta`), plus the family record of a search
-    that covered its spaces (what a grown space's next search looks for)."""
-    record = DecisionRecord(key, index, reference, name, verified, ratio, created, space_meta(policy, spaced, name))
+    """The records a search stores: its decision (with :func:`space_meta` and the search's ``cost``: device and
+    compile seconds), plus the family record of a search that covered its spaces (what a grown space's next
+    search looks for)."""
+    meta = {**space_meta(policy, spaced, name), **(cost or {})}
+    record = DecisionRecord(key, index, reference, name, verified, ratio, created, meta)
     if spaced is None or spaced.covered is None or not isinstance(candidates, Roster):
         return [record]
     return [record, family_record(record, family_key(problem, candidates, reference, policy))]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -122,7 +123,10 @@ class GroupTask:
     """Run the reference and ``candidates`` ((name, revision) of implementations of the operation's tunable set
     for ``device_kind``) on one device of fingerprint ``fingerprint``. ``group`` names the group in results.
     ``budget``: the seconds this group may spend (None: the policy's whole budget, charging the reference's timing
-    like the first search of a problem; a number: what the problem's earlier groups left, see ``farm.search``)."""
+    like the first search of a problem; a number: what the problem's earlier groups left, see ``farm.search``).
+    ``incumbent`` (name, revision): a race's group (``screening = "race"``, ``farm_workers.racing``): each config is
+    validated against the reference, then paired against the incumbent on this device; ``noise``: the relative
+    excesses of the reference's and the incumbent's runs the coordinator has seen (``farm.racing.excesses``)."""
 
     run: str
     problem_id: str
@@ -136,6 +140,8 @@ class GroupTask:
     kernels: tuple[str, ...] = ()
     confirm_of: str | None = None
     budget: float | None = None
+    incumbent: tuple[str, str] | None = None
+    noise: tuple[float, ...] = ()
 
     @property
     def key(self) -> GroupKey:
@@ -160,6 +166,8 @@ class GroupTask:
             "kernels": list(self.kernels),
             "confirm_of": self.confirm_of,
             "budget": self.budget,
+            **({"incumbent": {"name": self.incumbent[0], "revision": self.incumbent[1]},
+                "noise": list(self.noise)} if self.incumbent is not None else {}),
         }
 
     @classmethod
@@ -179,6 +187,8 @@ class GroupTask:
             kernels=tuple(str(k) for k in d.get("kernels", [])),
             confirm_of=d.get("confirm_of"),
             budget=_budget(d.get("budget")),
+            incumbent=_candidate(d["incumbent"]) if d.get("incumbent") is not None else None,
+            noise=tuple(_seconds(x, "noise") for x in d.get("noise", [])),
         )
 
 
@@ -193,7 +203,11 @@ class GroupResult:
     """The trials of one group. ``status`` ok: ``outcomes`` hold every candidate of the group; failed: ``error``
     says why (the reference failed, attempts exhausted, time limit, device failure). ``names`` is the cache key's
     candidate list (an outcome's ``index`` points into it). ``search_seconds`` is what the group charged to the
-    problem's budget; ``budget_exhausted`` says the budget stopped it."""
+    problem's budget; ``budget_exhausted`` says the budget stopped it. ``device_seconds``: what the group's runs took
+    on the device (validation, warm-ups, timed runs; ``farm.runner.runner_cost``), the search's cost; 0 from a
+    worker that predates it. ``incumbent``: a race's group (its task's incumbent): the outcomes' pairs are
+    (incumbent seconds, config seconds), a config decided slower has verdict ``dropped``, and ``standings`` says
+    of each other timed config ``promoted`` (decided faster) or ``contender`` (still close)."""
 
     run: str
     problem_id: str
@@ -209,6 +223,9 @@ class GroupResult:
     trial_seconds: float = 0.0
     search_seconds: float = 0.0
     budget_exhausted: bool = False
+    device_seconds: float = 0.0
+    incumbent: str | None = None
+    standings: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> GroupKey:
@@ -231,6 +248,8 @@ class GroupResult:
             "trial_seconds": self.trial_seconds,
             "search_seconds": self.search_seconds,
             "budget_exhausted": self.budget_exhausted,
+            "device_seconds": self.device_seconds,
+            **({"incumbent": self.incumbent, "standings": dict(self.standings)} if self.incumbent is not None else {}),
         }
 
     @classmethod
@@ -252,6 +271,9 @@ class GroupResult:
             trial_seconds=float(d.get("trial_seconds", 0.0)),
             search_seconds=float(d.get("search_seconds", 0.0)),
             budget_exhausted=bool(d.get("budget_exhausted", False)),
+            device_seconds=_seconds(d.get("device_seconds", 0.0), "device_seconds"),
+            incumbent=_optional_str(d.get("incumbent"), "incumbent"),
+            standings={str(k): str(v) for k, v in d.get("standings", {}).items()},
         )
 
     @classmethod
@@ -262,6 +284,22 @@ class GroupResult:
     def not_tried(cls, task: GroupTask, error: str) -> GroupResult:
         """The coordinator's result for a group it did not send because the problem's budget was spent."""
         return cls(task.run, task.problem_id, task.group, STATUS_NOT_TRIED, error=error, budget_exhausted=True)
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"message field {name!r} = {value!r} has the wrong type")
+    return value
+
+
+def _seconds(value: Any, name: str) -> float:
+    """A count of seconds: a finite number >= 0 (ProtocolError naming the field otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProtocolError(f"message field {name!r} = {value!r} has the wrong type")
+    seconds = float(value) if abs(value) < 1e300 else math.inf  # a huge int: not a float, and never seconds
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ProtocolError(f"message field {name!r} = {value!r} is not a finite number of seconds >= 0")
+    return seconds
 
 
 def _outcomes(raw: Any) -> tuple[Outcome, ...]:

@@ -130,7 +130,7 @@ def own(client: ComputeClient, operation: str, spec: Mapping[str, Any]) -> Recor
     """The worker's own recording, when a task names it (operation and spec); LookupError otherwise: a task never
     chooses what a worker replays."""
     recording = client.recording if isinstance(client, ReplayClient) else None
-    if recording is None:
+    if not isinstance(recording, Recording):
         raise LookupError(f"task for recorded operation {operation!r} reached a worker that serves no recording")
     if operation != operation_name(recording) or dict(spec) != spec_of(recording):
         raise LookupError(f"task for recorded operation {operation!r} ({dict(spec)}) reached the worker of "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import signal
 import socket
@@ -81,8 +82,9 @@ def test_the_exporter_serves_counters_workers_and_queue_depths(redis_srv, tmp_pa
     counted = RunMetrics(client, settings)
     record = DecisionRecord("k", 1, 0, "fast", True, 0.5, now, {"confirmation": "confirmation failed: noisy"})
     counted.started("run1", 4, 1, 10)
-    counted.problem_done("published", SimpleNamespace(record=record, trial_seconds=2.5))
-    counted.problem_done("failed", SimpleNamespace(record=None, trial_seconds=0.5))
+    counted.compiled(4.5)
+    counted.problem_done("published", SimpleNamespace(record=record, trial_seconds=2.5, device_seconds=1.25))
+    counted.problem_done("failed", SimpleNamespace(record=None, trial_seconds=0.5, device_seconds=0.25))
     with exporter(settings.redis_url, settings.broker_url, prefix, tmp_path) as port:
         seen = scrape(port)
     assert seen[("farm_up", ())] == 1
@@ -90,6 +92,8 @@ def test_the_exporter_serves_counters_workers_and_queue_depths(redis_srv, tmp_pa
     assert seen[("farm_decisions_failed_total", ())] == 1
     assert seen[("farm_decisions_reused_total", ())] == 1
     assert seen[("farm_trial_seconds_total", ())] == 3.0
+    assert seen[("farm_device_seconds_total", ())] == 1.5  # a failed problem's searches cost too
+    assert seen[("farm_compile_seconds_total", ())] == 4.5
     assert seen[("farm_confirmations_total", (("result", "failed"),))] == 1
     assert seen[("farm_workers", (("fingerprint", "fp1"), ("state", presence.HEALTHY)))] == 2
     assert seen[("farm_workers", (("fingerprint", "fp1"), ("state", presence.QUARANTINED)))] == 1
@@ -135,9 +139,10 @@ operation = "farmtest_scale"
 workloads = [{ n = 500, dtype = "float64" }, { n = 9, dtype = "float64" }]
 """)
         args = [sys.executable, "-m", "farm_cli", "tune", str(catalog), "--broker", f.broker, "--redis",
-                f.results_url, "--kernels", "farm_testops"]
+                f.results_url, "--kernels", "farm_testops", "--json"]
         done = subprocess.run(args, capture_output=True, text=True, env=f.env, cwd=tmp_path, timeout=300)
         assert done.returncode == 0, done.stderr
+        ran = json.loads(done.stdout)
         again = subprocess.run(args, capture_output=True, text=True, env=f.env, cwd=tmp_path, timeout=300)
         assert again.returncode == 0, again.stderr
         with exporter(f.results_url, f.broker, f.settings.prefix, tmp_path) as port:
@@ -147,6 +152,13 @@ workloads = [{ n = 500, dtype = "float64" }, { n = 9, dtype = "float64" }]
     assert seen[("farm_decisions_reused_total", ())] == 2
     assert seen[("farm_trial_seconds_total", ())] > 0
     assert seen[("farm_confirmations_total", (("result", "unconfirmed"),))] >= 1
+    # Device seconds are the cost: each published decision records its groups' (host CPU time on a cpu worker),
+    # the run's summary and the counter add them up; a CPU run has no compile stage to charge.
+    spent = [d["record"]["meta"]["device_seconds"] for d in ran["decisions"]]
+    assert len(spent) == 2 and all(s > 0 for s in spent)
+    assert ran["device_seconds"] == pytest.approx(sum(spent))
+    assert seen[("farm_device_seconds_total", ())] == pytest.approx(sum(spent))
+    assert seen[("farm_compile_seconds_total", ())] == 0
 
 
 def _digest(f) -> str:

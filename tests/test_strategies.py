@@ -41,8 +41,10 @@ class CostRunner:
     def __init__(self, roster: Roster) -> None:
         self.roster = roster
         self.measured: list[int] = []
+        self.validated: list[int] = []
 
     def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
+        self.validated.append(candidate)
         config = self.roster.config(candidate)
         if config is not None and config["block"] == 8:
             raise TuneFailure.rejected("wrong output: values differ beyond tolerance")
@@ -79,7 +81,8 @@ def test_exhaustive_evaluates_every_feasible_config_and_finds_the_optimum_never_
 def test_a_strategy_evaluates_exactly_max_configs_distinct_feasible_configs(strategy: str) -> None:
     policy = FAST.replace(strategy=strategy, max_configs=12, seed=5)
     decision, report, runner = select(space_set(), policy)
-    configs = {p for p in runner.measured if runner.roster.config(p) is not None}
+    # Run at all (validated: racing validates before any timing, so a wrong output is never timed).
+    configs = {p for p in runner.measured + runner.validated if runner.roster.config(p) is not None}
     assert report.evaluated == 12 and report.seed == 5 and report.max_configs == 12
     assert len(configs) == 12
     assert all(runner.roster[p].eligible for p in configs)

@@ -7,6 +7,7 @@ calls — within the budget the task carries (what the problem's earlier groups 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -28,7 +29,7 @@ from farm.errors import (
 from farm.identity import Candidate, cache_key
 from farm.policy import StackPolicy, Tolerance
 from farm.roster import Roster
-from farm.runner import Validation
+from farm.runner import Validation, runner_cost
 from farm.runtimes.base import ComputeClient
 from farm.search import search
 from farm.tunable import TunableSet
@@ -36,6 +37,7 @@ from farm_fleet.errors import DeviceQuarantined
 from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupKey, GroupResult, GroupTask
 from farm_fleet.results import ResultsStore, Runner
 from farm_fleet.settings import Settings
+from farm_workers.racing import race_group
 
 log = logging.getLogger(__name__)
 SENT_NAMES = 4096  # the most candidate names a result lists (farm.identity's listed-candidate limit)
@@ -211,23 +213,37 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
              list(candidates.names) if len(candidates) <= SENT_NAMES else [])
     positions = _positions(task, candidates)
     runner = GuardedTrials(client, tunable, inputs, order, policy.timing, interrupts=ctx.interrupts)
+    cost = runner_cost(runner)[0]  # the group's device seconds: every run it makes (validation, warm-ups, timing)
 
     def hit_time_limit() -> str | None:
         return "the group task hit its time limit" if runner.interrupted else None
 
+    if task.incumbent is not None:  # a race's group: paired against the incumbent (farm_workers.racing)
+        incumbent = _positions(dataclasses.replace(task, candidates=(task.incumbent,)), candidates)[0]
+        raced = race_group(runner, policy, 0, incumbent, positions, _names(candidates), task.noise,
+                           policy.budget if task.budget is None else task.budget, hit_time_limit,
+                           [revision for _, revision in task.candidates])
+        ctx.interrupted = ctx.interrupted or runner.interrupted
+        return GroupResult(
+            task.run, task.problem_id, task.group, STATUS_OK, outcomes=tuple(raced.outcomes),
+            trial_seconds=time.monotonic() - started, search_seconds=raced.spent,
+            budget_exhausted=raced.budget_exhausted, cache_key=key, reference_index=0, names=tuple(names),
+            provenance=provenance, device_seconds=runner_cost(runner)[0] - cost, incumbent=task.incumbent[0],
+            standings=raced.standings,
+        )
     try:
         found = search(runner, policy, 0, candidates, positions, budget=task.budget,
                        charge_reference=task.budget is None, stop=hit_time_limit)
     except ValidationUnavailable:
         return GroupResult(task.run, task.problem_id, task.group, STATUS_VALIDATION_UNAVAILABLE,
                            trial_seconds=time.monotonic() - started, cache_key=key, reference_index=0,
-                           names=tuple(names), provenance=provenance)
+                           names=tuple(names), provenance=provenance, device_seconds=runner_cost(runner)[0] - cost)
     ctx.interrupted = ctx.interrupted or runner.interrupted
     return GroupResult(
         task.run, task.problem_id, task.group, STATUS_OK, reference_times=found.reference_times,
         outcomes=found.outcomes, trial_seconds=time.monotonic() - started, search_seconds=found.spent,
         budget_exhausted=found.budget_exhausted, cache_key=key, reference_index=0, names=tuple(names),
-        provenance=provenance,
+        provenance=provenance, device_seconds=runner_cost(runner)[0] - cost,
     )
 
 
@@ -247,6 +263,11 @@ def _operation(task: GroupTask, ctx: WorkerContext) -> tuple[str, TunableSet, Ca
                           f"naming the module (known: {', '.join(registry.names())})")
     operation = registry.get(task.operation)
     return operation.name, operation.tunable(task.device_kind), lambda: operation.build(task.spec, ctx.client)
+
+
+def _names(candidates: Sequence[Candidate]) -> Sequence[str]:
+    """The candidates' names by position (a roster's, unranked lazily)."""
+    return candidates.names if isinstance(candidates, Roster) else [c.name for c in candidates]
 
 
 def _positions(task: GroupTask, candidates: Sequence[Candidate]) -> list[int]:
