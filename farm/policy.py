@@ -63,7 +63,7 @@ class Tolerance:
 
 
 DAY = 86400.0
-STRATEGIES = ("exhaustive", "random", "bayes")
+STRATEGIES = ("exhaustive", "random", "bayes", "local")
 SCREENINGS = ("race", "full")
 
 
@@ -147,7 +147,8 @@ class StackPolicy:
 
     ``strategy`` chooses which configs of a tunable set's spaces a search evaluates (farm.strategies):
     "exhaustive" (every feasible config in order), "random" (distinct feasible configs drawn with ``seed``) or
-    "bayes" (Optuna's TPE sampler, the ``tuning-farm[bayes]`` extra). ``max_configs`` (None: no limit but the
+    "bayes" (Optuna's TPE sampler, the ``tuning-farm[bayes]`` extra) or "local" (a local search guided by an
+    additive model, farm.localsearch: the best at a hundred configs on the recorded GPU spaces). ``max_configs`` (None: no limit but the
     space and the budget) bounds the space configs evaluated; ``max_candidates`` bounds the listed candidates.
     Like the budget they bound effort, so they are recorded with the decision and are not in the accuracy key.
     ``nearest`` lets a miss (EXPLORE or CACHE_ONLY) borrow the stored decision of the nearest workload of the same

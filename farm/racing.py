@@ -37,7 +37,13 @@ from dataclasses import dataclass, field
 
 from farm.policy import StackPolicy
 from farm.runner import TrialRunner
+from farm.scoring import judge
 from farm.trials import Outcome, TrialVerdict, candidate_trials, failure_of, timed, validation_trial
+
+SETTLED = 4
+"""The most contenders settled head to head (the best by their fastest run); the others lose to the winner."""
+FINALISTS = 3
+"""The most configs given the full verdict against the reference when the race's winner does not win it."""
 
 BETA = 0.01
 """The most probability that a config truly at least as fast as the incumbent is dropped."""
@@ -135,6 +141,7 @@ class Race:
         self.incumbent_runs: dict[int, list[float]] = {reference: list(reference_times)}  # an entrant's: its runs
         self.incumbent_best = min(reference_times)
         self.contenders: dict[int, Entrant] = {}
+        self.entrants: dict[int, Entrant] = {}  # every config validated, whatever became of it
         self.outcomes: dict[int, Outcome] = {}
         self.estimates: dict[int, float | None] = {}
         self.exhausted = False
@@ -171,6 +178,7 @@ class Race:
             self.estimates[position] = None
             return None
         entrant = Entrant(position, name, validated)
+        self.entrants[position] = entrant
         self._screen(entrant, self.policy.samples)
         return self.estimates.get(position)
 
@@ -260,13 +268,17 @@ class Race:
     # -- the end ---------------------------------------------------------------------------------------------
 
     def finish(self) -> Raced:
-        """Settle the contenders head to head against the incumbent, then give the winner the full protocol
-        against the reference (even when the budget ran out during the race: one candidate's trials more)."""
+        """Settle the best contenders head to head against the incumbent, then give the winner the full protocol
+        against the reference (even when the budget ran out during the race: one candidate's trials more). When
+        that verdict is no decided win (the noise of a slow reference), the next best configs whose estimates
+        clear the line get theirs, up to ``FINALISTS`` in all."""
         limit = self.policy.sample_limit
-        for position in sorted(self.contenders, key=lambda p: self.contenders[p].best):
+        for rank, position in enumerate(sorted(self.contenders, key=lambda p: self.contenders[p].best)):
             entrant = self.contenders.get(position)
             if entrant is None or position == self.incumbent:
                 continue
+            if rank > SETTLED:  # the incumbent is among the first SETTLED + 1
+                break
             self._screen(entrant, limit)
             if position in self.contenders and position != self.incumbent:
                 self._settle_tie(entrant)
@@ -275,9 +287,17 @@ class Race:
             if position != winner:
                 self._lost(entrant, winner)
         if winner != self.reference and winner not in self.seeded:
-            deadline = max(self.deadline, self.clock() + self.policy.budget)
-            final = candidate_trials(self.runner, self.policy, self.reference, winner, self.names, deadline)
-            self.outcomes[winner] = dataclasses.replace(final, revision=self.contenders[winner].validated.revision)
+            line = 1.0 / self.policy.min_speedup
+            others = sorted((e for e in self.entrants.values() if e.position != winner and e.runs
+                             and e.best / self.reference_floor <= line), key=lambda e: e.best)
+            for finalist in [self.entrants[winner], *others][:FINALISTS]:
+                deadline = max(self.deadline, self.clock() + self.policy.budget)
+                final = candidate_trials(self.runner, self.policy, self.reference, finalist.position, self.names,
+                                         deadline)
+                self.outcomes[finalist.position] = dataclasses.replace(final, revision=finalist.validated.revision)
+                if final.failure is None and judge(final.pairs, self.policy).wins:
+                    winner = finalist.position
+                    break
         ordered = tuple(self.outcomes[p] for p in sorted(self.outcomes))
         return Raced(ordered, dict(self.estimates), self.exhausted, winner)
 

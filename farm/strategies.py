@@ -10,6 +10,7 @@ finished config (:func:`replay`). Plain candidates are not a strategy's business
 - ``random``: distinct feasible configs drawn uniformly with the policy's seed.
 - ``bayes``: Optuna's TPE sampler in ask-and-tell mode (the ``tuning-farm[bayes]`` extra), batched asks with a
   constant liar, parameters of numeric values as ordered indices.
+- ``local``: a local search over the parameters guided by an additive model of the results (farm.localsearch).
 
 Each stops at ``max_configs`` proposals (None: when the spaces run out).
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from farm.errors import TuneFailure
+from farm.localsearch import LocalSearch
 from farm.policy import StackPolicy
 from farm.roster import Roster
 
@@ -56,6 +58,8 @@ def make_strategy(roster: Roster, policy: StackPolicy, exclude: Exclude | None =
         return RandomDraw(roster, policy.max_configs, policy.seed, skip)
     if policy.strategy == "bayes":
         return Bayes(roster, policy.max_configs, policy.seed, skip)
+    if policy.strategy == "local":
+        return LocalSearch(roster, policy.max_configs, policy.seed, skip)
     raise TuneFailure.invalid(f"policy.strategy {policy.strategy!r} is not a strategy")
 
 
