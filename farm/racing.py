@@ -6,7 +6,7 @@ first), with a sequential test after every pair:
 
 - **decided slower** than the incumbent: dropped (verdict ``dropped``, never a winner);
 - **decided faster**: it becomes the incumbent (the one it replaced stays a contender unless decided slower);
-- still close after ``samples`` pairs (the screening limit): a **contender**.
+- still close after :func:`screening_limit` pairs (half of ``samples``): a **contender**.
 
 The contenders are then settled head to head against the incumbent (pairs up to ``sample_limit``), and the race's
 winner gets the full protocol against the reference (:func:`farm.trials.candidate_trials`): a decision's meaning
@@ -23,8 +23,9 @@ runs exceeded ``q_k``: the chance that it is dropped at ANY look is at most ``su
 many pairs it takes. Decided faster is the mirror image over the incumbent's runs (``i_min > c_min * (1 + q_n)``,
 ``n`` the incumbent's runs), so a wrong promotion is as rare; it would cost only effort, never meaning. The bound
 assumes a config's excess is distributed as the incumbent's (noise proportional to time), and reads ``q_k`` from
-the excesses the reference's and the incumbent's runs showed: the larger of their empirical quantile and an
-exponential tail fitted to them (:func:`excess_bound`), since a few runs cannot show the tail a 1 % level asks for.
+the excesses the reference's and the incumbent's runs showed (the latest ``NOISE_WINDOW`` of each): their empirical
+quantile once they are enough to show the level, before that an exponential tail fitted to them
+(:func:`excess_bound`), since a few runs cannot show the tail a 1 % level asks for.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ FINALISTS = 3
 
 BETA = 0.01
 """The most probability that a config truly at least as fast as the incumbent is dropped."""
+
+
+def screening_limit(policy: StackPolicy) -> int:
+    """The pairs a config may take before it is kept as a contender: ``(samples + 1) // 2`` (4 for the default
+    7). Only the best ``SETTLED`` contenders are settled, with up to ``sample_limit`` pairs each: screening needs
+    only to tell the close from the clearly slower."""
+    return max(2, (policy.samples + 1) // 2)
 
 
 def look_beta(look: int) -> float:
@@ -73,19 +81,20 @@ def excess_bound(noise: Sequence[float], runs: int, look: int) -> float:
     """``q``: a relative excess that each of ``runs`` independent runs exceeds with probability at most
     ``level = look_beta(look) ** (1 / runs)``, from the observed excesses ``noise`` (:func:`excesses`).
 
-    The larger of two readings: the empirical quantile (the largest excess when the level lies beyond what the
-    sample can show), and an exponential tail, ``m * ln(1 / level)``, with ``m`` an upper bound of the mean
-    excess (``mean * (1 + 2 / sqrt(n))``, about 95 % for n excesses of an exponential): a few runs cannot show the
-    tail the level asks for, the tail's model can. Infinite without any observed excess (nothing is decided)."""
+    When the excesses can show that level (at least ``1 / level`` of them), their empirical quantile, one order
+    statistic on the safe side. When they cannot (a few runs, a 1 % level), the larger of their largest and an
+    exponential tail, ``m * ln(1 / level)``, with ``m`` an upper bound of the mean excess (``mean * (1 + 2 /
+    sqrt(n))``, about 95 % for n excesses of an exponential). Infinite without any excess: nothing is decided."""
     if not noise:
         return math.inf
     excess = sorted(noise)
     n = len(excess)
     level = look_beta(look) ** (1.0 / max(runs, 1))
-    above = math.floor(level * n)  # how many observed excesses may lie above q
-    empirical = excess[n - 1 - above] if above < n else 0.0
+    above = math.floor(level * n) - 1  # how many observed excesses may lie above q, one fewer to be safe
+    if above >= 0:
+        return excess[n - 1 - above]
     mean = sum(excess) / n * (1.0 + 2.0 / math.sqrt(n))
-    return max(empirical, mean * math.log(1.0 / level))
+    return max(excess[-1], mean * math.log(1.0 / level))
 
 
 def screen(config_best: float, config_runs: int, incumbent_best: float, incumbent_runs: int,
@@ -179,7 +188,7 @@ class Race:
             return None
         entrant = Entrant(position, name, validated)
         self.entrants[position] = entrant
-        self._screen(entrant, self.policy.samples)
+        self._screen(entrant, screening_limit(self.policy))
         return self.estimates.get(position)
 
     def _screen(self, entrant: Entrant, limit: int) -> None:

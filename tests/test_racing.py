@@ -98,7 +98,8 @@ def test_excess_bound_is_infinite_without_noise_and_shrinks_with_more_runs() -> 
     bounds = [excess_bound(noise, runs, 1) for runs in (1, 2, 4, 8)]
     assert bounds == sorted(bounds, reverse=True) and bounds[-1] > 0
     assert excess_bound(noise, 1, 1) >= 0.993  # at least the empirical 99.4 % quantile of the excesses
-    assert excess_bound(noise, 1, 1) >= excess_bound(noise, 1, 5) * 0.5  # later looks spend less
+    # A later look spends less: its level (0.02 %) lies beyond what 1,000 excesses show, so the tail model answers.
+    assert excess_bound(noise, 1, 5) > max(noise)
 
 
 def test_excess_bound_extrapolates_a_tail_a_few_runs_cannot_show() -> None:
