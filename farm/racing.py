@@ -89,8 +89,8 @@ def excess_bound(noise: Sequence[float], runs: int, look: int) -> float:
         return math.inf
     excess = sorted(noise)
     n = len(excess)
-    level = look_beta(look) ** (1.0 / max(runs, 1))
-    above = math.floor(level * n) - 1  # how many observed excesses may lie above q, one fewer to be safe
+    level: float = look_beta(look) ** (1.0 / max(runs, 1))
+    above = int(level * n) - 1  # how many observed excesses may lie above q, one fewer to be safe
     if above >= 0:
         return excess[n - 1 - above]
     mean = sum(excess) / n * (1.0 + 2.0 / math.sqrt(n))

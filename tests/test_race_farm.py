@@ -11,7 +11,7 @@ import pytest
 from farm_helpers import fleet, write_catalog
 from farm_spaceops import OPERATIONS as SPACE_OPERATIONS
 from test_replay_farm import COMPILE_FAILED, RUNTIME_FAILED, farm, write_recording
-from test_space_rounds import space_fleet
+from test_space_rounds import interrupted_then_resumed
 
 from farm.errors import TuneFailure
 from farm.policy import StackPolicy
@@ -21,10 +21,8 @@ from farm_coordinator.catalog import load_catalog
 from farm_coordinator.machine import ProblemState
 from farm_coordinator.plan import PlannedProblem, Target
 from farm_coordinator.racing import race_state, settled
-from farm_coordinator.run import tune
 from farm_coordinator.spacesearch import RaceSearch, SpaceSearch, parse_group, strategy_for
 from farm_coordinator.strategy import next_tasks
-from farm_fleet.errors import RunInterrupted
 from farm_fleet.protocol import GroupResult, GroupTask
 from farm_workers.racing import race_group
 from tests.fakes import FakeRunner
@@ -268,24 +266,7 @@ def test_a_coordinator_killed_mid_race_resumes_from_the_stored_results(redis_srv
     catalog = load_catalog(write_catalog(tmp_path / "c.toml", SPACE, policy="samples = 5\nwarmups = 1\nbudget = 3.0\n"
                                          'max_relative_mad = 1.0\nstrategy = "random"\nmax_configs = 6\nseed = 2\n'),
                            ("farm_spaceops",))
-    ctx, f = space_fleet(redis_srv, tmp_path / "fleet", ("cpu:0", "cpu:1"))
-    try:
-        seen: list[str] = []
-
-        def stop_after_two(event) -> None:
-            if event.kind == "group" and parse_group(event.note) is not None:
-                seen.append(event.note)
-                if len(seen) == 2:
-                    raise KeyboardInterrupt
-
-        with pytest.raises(RunInterrupted):
-            tune(catalog, settings=f.settings, on_event=stop_after_two, **f.coordinator())
-        again = tune(catalog, settings=f.settings, **f.coordinator())
-        client = f.client()
-        attempts = {k: int(client.get(k)) for k in client.scan_iter(f"{f.settings.prefix}:attempts:*")
-                    if not k.endswith(":confirm")}
-    finally:
-        ctx.__exit__(None, None, None)
+    seen, again, attempts = interrupted_then_resumed(catalog, redis_srv, tmp_path / "fleet", ("cpu:0", "cpu:1"))
     assert again.published == 1
     agg = again.aggregates[0]
     raced = [g for g in agg.results if parse_group(g) is not None]

@@ -184,11 +184,10 @@ def test_two_workers_search_a_space_in_rounds_within_max_configs_every_config_va
     assert "chunk=7," not in agg.record.name
 
 
-@pytest.mark.servers
-def test_a_coordinator_interrupted_mid_search_resumes_without_rerunning_finished_configs(redis_srv, tmp_path):
-    catalog = load_catalog(write_catalog(tmp_path / "c.toml", SPACE, policy=POLICY + 'strategy = "random"\n'
-                                         "max_configs = 6\nseed = 2\n"), ("farm_spaceops",))
-    ctx, f = space_fleet(redis_srv, tmp_path / "fleet", ("cpu:0",))
+def interrupted_then_resumed(catalog, redis_srv, path, devices):
+    """Run ``catalog`` on a fleet of ``devices``, stop the coordinator after two space groups came back, run it
+    again: the groups seen before the stop, the second run's summary, and each group's attempt count."""
+    ctx, f = space_fleet(redis_srv, path, devices)
     try:
         seen: list[str] = []
 
@@ -206,6 +205,14 @@ def test_a_coordinator_interrupted_mid_search_resumes_without_rerunning_finished
                     if not k.endswith(":confirm")}
     finally:
         ctx.__exit__(None, None, None)
+    return seen, again, attempts
+
+
+@pytest.mark.servers
+def test_a_coordinator_interrupted_mid_search_resumes_without_rerunning_finished_configs(redis_srv, tmp_path):
+    catalog = load_catalog(write_catalog(tmp_path / "c.toml", SPACE, policy=POLICY + 'strategy = "random"\n'
+                                         "max_configs = 6\nseed = 2\n"), ("farm_spaceops",))
+    seen, again, attempts = interrupted_then_resumed(catalog, redis_srv, tmp_path / "fleet", ("cpu:0",))
     assert again.published == 1
     agg = again.aggregates[0]
     spaced = [g for g in agg.results if parse_group(g) is not None]

@@ -200,3 +200,19 @@ class DeviceLock:
         else:
             _private_directory(directory)
         _verified.add(directory)
+
+
+class Synchronous:
+    """What a device whose work is synchronous shares (the host, a replay): ``flush`` and ``sync`` only mark the
+    fences, and ``exclusive`` holds its :class:`DeviceLock` (``_lock``, set by the subclass)."""
+
+    _lock: DeviceLock
+
+    def flush(self) -> None:
+        return None
+
+    def sync(self) -> None:
+        return None
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        return self._lock.hold()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from farm.runtimes.base import DeviceLock, T
+from farm.runtimes.base import DeviceLock, Synchronous, T
 
 # Every variable a numeric library reads for its pool size at start-up (OpenMP, OpenBLAS, MKL, BLIS, Accelerate,
 # numexpr): set before the library loads, they size its pool; threadpoolctl resizes the pools already loaded.
@@ -28,7 +28,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-class HostClient:
+class HostClient(Synchronous):
     """``cpu:N``: the host as a device. Work is synchronous, so ``flush`` and ``sync`` only mark the fences."""
 
     backend = "host-numpy"
@@ -38,15 +38,6 @@ class HostClient:
         self.index = index
         self.device_id = f"cpu:{index}"
         self._lock = DeviceLock(f"cpu-{index}")
-
-    def flush(self) -> None:
-        return None
-
-    def sync(self) -> None:
-        return None
-
-    def exclusive(self) -> contextlib.AbstractContextManager[None]:
-        return self._lock.hold()
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[None]:

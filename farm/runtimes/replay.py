@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from farm.errors import ReplayFailure, TuneFailure
 from farm.identity import fields
-from farm.runtimes.base import DeviceLock, T
+from farm.runtimes.base import DeviceLock, Synchronous, T
 
 Key = tuple[Any, ...]
 
@@ -50,7 +50,7 @@ def active_client() -> ReplayClient | None:
     return getattr(_active, "client", None)
 
 
-class ReplayClient:
+class ReplayClient(Synchronous):
     """A recording served as a device (``replay:N``); see the module docstring. ``simulated``: the runtime
     adapter times it by its profile whatever the timing (it has no wall clock worth measuring)."""
 
@@ -99,15 +99,6 @@ class ReplayClient:
         self.runs += 1
         self._last = seconds
         return seconds
-
-    def flush(self) -> None:
-        return None
-
-    def sync(self) -> None:
-        return None
-
-    def exclusive(self) -> contextlib.AbstractContextManager[None]:
-        return self._lock.hold()
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[None]:
