@@ -25,9 +25,29 @@ def keys_init(directory: Path, name: str) -> None:
 
     with errors():
         private, public, key = generate_keys(directory, name)
-    click.echo(f"created key {key.key_id}: private key {private} (mode 0600: sign with `farm archive export "
-               f"--signing-key {private}`), public key {public} (trust it with FARM_TRUSTED_KEYS={public})")
+        ignored = _keep_out_of_git(directory)
+    click.echo(f"created key {key.key_id}: private key {private.resolve()} (mode 0600: sign with `farm archive "
+               f"export --signing-key {private}`), public key {public} (trust it with FARM_TRUSTED_KEYS={public})")
+    if ignored is not None:
+        click.echo(f"{directory} is inside a git working tree: {ignored} keeps its private keys (*.key) out of "
+                   f"commits; keep the key outside the tree (--dir) to be safe")
     click.echo(key.line())
+
+
+GITIGNORE = "# private signing keys never go into git (written by farm keys init)\n*.key\n"
+
+
+def _keep_out_of_git(directory: Path) -> Path | None:
+    """In a git working tree, ``directory/.gitignore`` ignoring ``*.key`` (so ``git add .`` never stages a private
+    key, whatever the repository's own .gitignore says); the file, or None outside a working tree."""
+    here = directory.resolve()
+    if not any((parent / ".git").exists() for parent in (here, *here.parents)):
+        return None
+    ignore = directory / ".gitignore"
+    text = ignore.read_text() if ignore.exists() else ""
+    if "*.key" not in text.splitlines():
+        ignore.write_text(text + ("" if not text or text.endswith("\n") else "\n") + GITIGNORE)
+    return ignore
 
 
 @keys.command("show")

@@ -119,7 +119,9 @@ class TerminalProgress(LogProgress):
         self.counts = Counts(run, problems, trials)
         self.counts.settled[REUSED] = reused
         self.bar.start()
-        self.task = self.bar.add_task(f"run {run}", total=problems, completed=reused, detail=self._detail())
+        from rich.markup import escape  # a --run name is not markup
+
+        self.task = self.bar.add_task(escape(f"run {run}"), total=problems, completed=reused, detail=self._detail())
 
     def group_done(self, trials: int) -> None:
         self.counts.trials += trials
@@ -136,7 +138,7 @@ class TerminalProgress(LogProgress):
         self.bar.stop()
         why = self.counts.why_fewer()
         if why:
-            self.bar.console.print(why[2:])
+            self.bar.console.print(why[2:], markup=False)
 
     def _detail(self) -> str:
         s = self.counts.settled

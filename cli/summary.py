@@ -86,7 +86,7 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
     meta = record.meta
     if isinstance(meta.get("evaluated"), int) and isinstance(meta.get("space_size"), int):
         return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"),
-                      meta.get("incremental") is True)
+                      meta.get("incremental") is True) + budget_cut(record, policy)
     try:
         from farm_kernels import recorded
 
@@ -99,7 +99,18 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
              if not str(c.get("note", "")).startswith("not tried")]  # the budget's cut: not evaluated
     judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
     strategy, seed = (policy.strategy, policy.seed) if policy is not None else ("exhaustive", None)
-    return effort(judged, sum(s.size for s in spaces), strategy, seed)
+    return effort(judged, sum(s.size for s in spaces), strategy, seed) + budget_cut(record, policy)
+
+
+def budget_cut(record: DecisionRecord, policy: StackPolicy | None = None) -> str:
+    """Why a search evaluated fewer configs than it planned, when the budget stopped it: ``: the budget of 10 s
+    ran out with 3 candidates not tried (raise budget in the catalog's [policy] table)``; else empty."""
+    cut = sum(1 for c in record.meta.get("candidates", []) if str(c.get("note", "")).startswith("not tried"))
+    if not cut:
+        return ""
+    budget = f"the budget of {policy.budget:g} s" if policy is not None else "the budget"
+    return (f": {budget} ran out with {cut} candidate{'s' if cut != 1 else ''} not tried (raise budget in the "
+            f"catalog's [policy] table)")
 
 
 def partial_search(record: DecisionRecord, policy: StackPolicy | None = None) -> bool:
@@ -142,20 +153,20 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
 
     failed = len(failures(all_rows))
     reused = sum(1 for r in all_rows if r["source"] == "reused")
-    t = Table(title=f"run {summary.run}: {len(all_rows)} problems: {summary.published} tuned and published, "
-                    f"{reused} reused, {failed} failed")
+    t = Table(title=escape(f"run {summary.run}: {len(all_rows)} problems: {summary.published} tuned and published, "
+                           f"{reused} reused, {failed} failed"))
     for column in ("fingerprint", "operation", "workload", "source", "winner", "ratio", "verified", "confirmation",
                    "lost"):
         t.add_column(column, no_wrap=column not in ("workload", "confirmation"), justify="right" if column in ("ratio", "lost") else "left")
     for r in all_rows[:TABLE_ROWS]:
-        head = [r["fingerprint"][:8], r["operation"], r["workload"], r["source"]]
+        head = [escape(str(v)) for v in (r["fingerprint"][:8], r["operation"], r["workload"], r["source"])]
         if r["error"] is not None:
             t.add_row(*head, "[red]failed[/red]", "-", "-", "-", "-")
             continue
         if "winner" not in r:  # published, but its record cannot be read back now
             t.add_row(*head, "[yellow]unreadable[/yellow]", "-", "-", "-", "-")
             continue
-        t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", r["confirmation"],
+        t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", escape(r["confirmation"]),
                   str(r["lost"]))
     spaced = [f"{r['operation']} {r['workload']}: {r['effort']}{problem_cost(r)}" for r in all_rows[:TABLE_ROWS]
               if r.get("effort") and r.get("partial")]

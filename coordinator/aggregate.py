@@ -20,7 +20,13 @@ from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
 from farm_coordinator.plan import PlannedProblem
 from farm_coordinator.racing import settled
-from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupResult
+from farm_fleet.protocol import (
+    SET_DIFFERS,
+    STATUS_NOT_TRIED,
+    STATUS_OK,
+    STATUS_VALIDATION_UNAVAILABLE,
+    GroupResult,
+)
 
 # Every published record's meta carries exactly these fields, from Redis or from the embedded farm alike.
 META_FIELDS = (
@@ -82,6 +88,9 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     ok = [r for r in results if r.status == STATUS_OK]
     if any(r.status == STATUS_VALIDATION_UNAVAILABLE for r in results):
         return failed("validation unavailable: the reference output cannot be read back", trial_seconds)
+    refused = next((r for r in results if r.status != STATUS_OK and (r.error or "").startswith(SET_DIFFERS)), None)
+    if refused is not None:  # a search over another set than the coordinator's: no decision, whatever else ran
+        return failed(f"a worker refused group {refused.group}: {str(refused.error)[len(SET_DIFFERS):]}", trial_seconds)
     if not ok:
         errors = "; ".join(f"{r.group}: {r.error}" for r in results)
         return failed(f"every group failed ({errors})", trial_seconds)

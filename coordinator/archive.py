@@ -63,11 +63,12 @@ def inspect_rows(archives: Iterable[Archive], operation: str | None = None) -> l
 
 
 def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> Any:
+    from rich.markup import escape  # a config's name, row_blocks[height=64], is not markup
     from rich.table import Table
 
     heads = "; ".join(f"{a.digest}: {len(a.entries)} decisions, {a.trial_rows} trial rows, schema "
                       f"{a.manifest['schema_version']}, farm {a.manifest.get('farm_version')}" for a in archives)
-    table = Table(title=f"archive {heads}")
+    table = Table(title=escape(f"archive {heads}"))
     for name in ("operation", "workload", "winner", "ratio", "verified", "samples", "confirmation", "created"):
         table.add_column(name, justify="right" if name in ("ratio", "samples") else "left")
     from farm_coordinator.catalog import workload_label
@@ -75,8 +76,9 @@ def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> An
     for r in rows:
         spec = workload_label(r["operation"], r["spec"]) if isinstance(r["spec"], dict) else (
             r["workload"] if len(r["workload"]) <= 60 else r["workload"][:57] + "...")
-        table.add_row(r["operation"], spec, r["winner"], f"{r['ratio']:.3f}", "yes" if r["verified"] else "no",
-                      "" if r["samples"] is None else str(r["samples"]), r["confirmation"] or "", _iso(r["created"]))
+        table.add_row(escape(str(r["operation"])), escape(spec), escape(str(r["winner"])), f"{r['ratio']:.3f}",
+                      "yes" if r["verified"] else "no", "" if r["samples"] is None else str(r["samples"]),
+                      escape(str(r["confirmation"] or "")), _iso(r["created"]))
     return table
 
 
@@ -191,12 +193,13 @@ def _compared(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def diff_table(diff: Diff) -> Any:
+    from rich.markup import escape  # a config's name, row_blocks[height=64], is not markup
     from rich.table import Table
 
     how = " (different fingerprints: matched by the key without the environment)" if diff.by_environment else ""
-    table = Table(title=f"{diff.a.digest} -> {diff.b.digest}: {len(diff.new)} new, {len(diff.dropped)} dropped, "
+    table = Table(title=escape(f"{diff.a.digest} -> {diff.b.digest}: {len(diff.new)} new, {len(diff.dropped)} dropped, "
                         f"{len(diff.changed)} changed winners, {len(diff.updated)} updated, {diff.unchanged} "
-                        f"unchanged{how}")
+                        f"unchanged{how}"))
     for name in ("change", "operation", "workload", "winner", "ratio", "verified", "confirmation"):
         table.add_column(name)
     from farm_coordinator.catalog import workload_label
@@ -215,10 +218,11 @@ def diff_table(diff: Diff) -> Any:
 
     for kind, rows in (("new", diff.new), ("dropped", diff.dropped)):
         for r in rows:
-            table.add_row(kind, str(r["operation"]), spec(r), str(r["winner"]), ratio(r["ratio"]), yes(r["verified"]),
-                          str(r["confirmation"] or ""))
+            table.add_row(kind, escape(str(r["operation"])), escape(spec(r)), escape(str(r["winner"])),
+                          ratio(r["ratio"]), yes(r["verified"]), escape(str(r["confirmation"] or "")))
     for kind, pairs in (("changed", diff.changed), ("updated", diff.updated)):
         for o, n in pairs:
-            table.add_row(kind, str(n["operation"]), spec(n), was(o, n, "winner"), was(o, n, "ratio", ratio),
-                          was(o, n, "verified", yes), was(o, n, "confirmation", lambda v: v or ""))
+            table.add_row(kind, escape(str(n["operation"])), escape(spec(n)), escape(was(o, n, "winner")),
+                          was(o, n, "ratio", ratio), was(o, n, "verified", yes),
+                          escape(was(o, n, "confirmation", lambda v: v or "")))
     return table

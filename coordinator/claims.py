@@ -177,7 +177,7 @@ class Claims:
     def lose(self, t: Tracked) -> None:
         """Another coordinator holds the problem now: stop working on it (its queued tasks are skipped)."""
         round_id = t.state.round or ""
-        self.console.log(f"lost the lease of problem {t.pid}; stopped working on it")
+        self.console.log(f"lost the lease of problem {t.pid}; stopped working on it", markup=False)
         self.dispatcher.forget([task_key(task) for task in t.plan.in_round(round_id)] + [GroupKey(round_id, t.pid, CONFIRM_GROUP)])
         self.board.move(t.pid, State.WAITING, "lease lost")
         self.elsewhere[t.pid] = None

@@ -99,6 +99,7 @@ class Groups:
     refused: tuple[Outcome, ...]
     family: SpaceFamily | None = None  # its problem id left empty: Planner.problem fills it per problem
     family_checksum: str = ""  # what the family's id covers: the set's checksum, its spaces' values left out
+    parts: dict[str, str] | None = None  # the set part by part (TunableSet.parts): each task's ``expects``
 
     @property
     def trials(self) -> int:
@@ -154,12 +155,12 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
         ref = candidates[0]
         planned = ((REFERENCE_GROUP, ((ref.name, ref.revision),)),)
     if roster is None:
-        return Groups(tunable.checksum(), planned, tuple(refused))
+        return Groups(tunable.checksum(), planned, tuple(refused), parts=tunable.parts())
     # A problem's id covers its spaces' value lists (a grown space is a new problem); its family's id does not.
     descriptors = [s.space.descriptor() for s in roster.spaces() if s.space is not None]
     checksum = hashlib.sha256(fields([tunable.checksum(), *descriptors]).encode()).hexdigest()
     family = SpaceFamily("", covered_by(roster), prior)
-    return Groups(checksum, planned, tuple(refused), family, tunable.checksum())
+    return Groups(checksum, planned, tuple(refused), family, tunable.checksum(), tunable.parts())
 
 
 def _incremental(order: list[int], roster: Roster, prior: Prior) -> list[int]:
@@ -240,7 +241,7 @@ class Planner:
             planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned or (),
                                   self._rejected(target, workload), prior)
         tasks = tuple(GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
-                                self.policy_dict, target.digest, self.catalog.kernels)
+                                self.policy_dict, target.digest, self.catalog.kernels, expects=planned.parts)
                       for group, candidates in planned.groups)
         family = planned.family
         if family is not None:

@@ -161,7 +161,7 @@ class _Run:
         banned = {t.digest: bans.banned(t.digest) for t in targets} if bans is not None else None
         precompiled = self.precompile(self.catalog, targets) if self.precompile is not None else None
         for note in precompiled.notes if precompiled is not None else ():
-            self.console.log(note)
+            self.console.log(note, markup=False)  # notes name configs: tiled[block=32] is not markup
         if precompiled is not None:
             self.precompiled = precompiled
             self.summary.compile_seconds = precompiled.seconds
@@ -226,7 +226,7 @@ class _Run:
                 if not (isinstance(e, StoreUnavailable) or transient(e)):
                     raise
                 if not outage:
-                    self.console.log(f"lost the farm's Redis or broker ({e}); waiting for it to come back")
+                    self.console.log(f"lost the farm's Redis or broker ({e}); waiting for it to come back", markup=False)
                     self.emit("outage", note=str(e))
                 outage = min(max(outage * 2, 0.2), 5.0)
                 time.sleep(outage)

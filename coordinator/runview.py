@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -36,7 +37,7 @@ def confirm_task(problem: PlannedProblem, round_id: str, agg: Aggregate) -> Grou
     base = problem.tasks[0]
     winner = (agg.record.name, _revision(problem, agg))
     return GroupTask(round_id, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
-                     base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name)
+                     base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name, expects=base.expects)
 
 
 def _revision(problem: PlannedProblem, agg: Aggregate) -> str:
@@ -75,19 +76,20 @@ def hooked(hook: ProgressHook, run: str, problems: int, reused: int, trials: int
 
 def summary_table(summary: RunSummary) -> Table:
     """The decisions of a run as a table: one row per problem whose aggregate the summary kept."""
-    table = Table(title=f"run {summary.run}: {summary.published} decisions, {summary.decided_before} already "
+    table = Table(title=escape(f"run {summary.run}: {summary.published} decisions, {summary.decided_before} already "
                         f"decided, {summary.failures} failed; group results: {summary.ran} ran, "
-                        f"{summary.reused} reused")
+                        f"{summary.reused} reused"))
     for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):
         table.add_column(column, no_wrap=column != "workload")
     for agg in sorted(summary.aggregates, key=lambda a: (a.problem.target.digest, a.problem.workload.where)):
         r = agg.record
         workload = workload_label(agg.problem.workload.operation, agg.problem.workload.spec)
-        row = [agg.problem.target.digest[:8], agg.problem.workload.operation, workload]
+        row = [escape(v) for v in (agg.problem.target.digest[:8], agg.problem.workload.operation, workload)]
         if r is None:
-            table.add_row(*row, "-", "-", "-", "-", agg.error or "")
+            table.add_row(*row, "-", "-", "-", "-", escape(agg.error or ""))
             continue
         lost = sum(1 for c in r.meta.get("candidates", []) if c["name"] != r.name)
         confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
-        table.add_row(*row, r.name, f"{r.ratio:.3f}", "yes" if r.verified else "no", confirmation, str(lost))
+        table.add_row(*row, escape(r.name), f"{r.ratio:.3f}", "yes" if r.verified else "no", escape(confirmation),
+                      str(lost))
     return table

@@ -92,33 +92,39 @@ def _feedback(client: Any, settings: Settings) -> dict[str, Any]:
 
 def render(status: dict[str, Any]) -> Group:
     """Human tables for :func:`collect`'s data."""
+    from rich.markup import escape  # every cell is a user string (a worker id, a reason), never markup
+
     fps = Table(title="fingerprints")
     for column in ("digest", "model", "regime decided", "workers", "queued", "decisions"):
         fps.add_column(column)
     for f in status["fingerprints"]:
         online = ", ".join(f"{n} {state}" for state, n in sorted(f["workers"].items())) or "none online"
-        fps.add_row(f["digest"], ", ".join(f["models"]) or "-", f.get("regime") or "-", online,
+        fps.add_row(escape(f["digest"]), escape(", ".join(f["models"]) or "-"), escape(f.get("regime") or "-"),
+                    escape(online),
                     "-" if f["queued"] is None else str(f["queued"]), str(f["decisions"]))
     workers = Table(title="workers")
     for column in ("worker", "device", "model", "regime", "fingerprint", "state", "heartbeat", "version"):
         workers.add_column(column)
     for w in status["workers"]:
-        workers.add_row(w["worker_id"], w["device"], w["model"], w["regime"], w["fingerprint"][:8], w["state"],
-                        f"{w['heartbeat_age']}s ago", w["farm_version"])
+        workers.add_row(*(escape(str(v)) for v in (w["worker_id"], w["device"], w["model"], w["regime"],
+                                                    w["fingerprint"][:8], w["state"])),
+                        f"{w['heartbeat_age']}s ago", escape(str(w["farm_version"])))
     runs = Table(title="tuning runs")
     for column in ("run", "catalog", "host", "state", "groups done", "published"):
         runs.add_column(column)
     for r in status["runs"]:
-        runs.add_row(r["run"], r.get("catalog", ""), r.get("host", ""), r["state"], groups_done(r),
+        runs.add_row(*(escape(str(v)) for v in (r["run"], r.get("catalog", ""), r.get("host", ""), r["state"])),
+                     groups_done(r),
                      str(r.get("published", 0)))
     reports = Table(title=f"fleet reports waiting ({status['feedback']['total']}; farm tune --from-fleet)")
     for column in ("operation", "fingerprint", "kind", "reports", "hosts"):
         reports.add_column(column)
     for row in status["feedback"]["by"]:
-        reports.add_row(row["operation"], row["fingerprint"], row["kind"], str(row["reports"]), str(row["hosts"]))
+        reports.add_row(*(escape(str(row[k])) for k in ("operation", "fingerprint", "kind", "reports", "hosts")))
     bans = Table(title=f"banned candidates ({len(status['bans'])}; farm unban PROBLEM_ID lifts)")
     for column in ("fingerprint", "problem", "candidate", "reason"):
         bans.add_column(column)
     for row in status["bans"]:
-        bans.add_row(row["fingerprint"][:8], row["problem_id"], row["candidate"], row["reason"])
+        bans.add_row(*(escape(str(v)) for v in (row["fingerprint"][:8], row["problem_id"], row["candidate"],
+                                                 row["reason"])))
     return Group(fps, workers, runs, reports, bans)

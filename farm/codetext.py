@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import textwrap
 from collections.abc import Callable
 from types import CodeType
 from typing import Any
@@ -13,9 +15,14 @@ from farm.identity import fields
 
 
 def code_text(fn: Callable[..., Any]) -> str:
-    """The source of ``fn`` (or its bytecode and constants when no source is available), the same in every
-    process. A ``functools.partial`` is its function's text plus its bound arguments; a callable object is its
-    class's source. Raises INVALID_INPUT when no process-independent text exists."""
+    """The source of ``fn`` without its decorators (or its bytecode and constants when no source is available),
+    the same in every process. A ``functools.partial`` is its function's text plus its bound arguments; a callable
+    object is its class's source. Raises INVALID_INPUT when no process-independent text exists.
+
+    Decorators are left out because the registering one carries the space's value lists
+    (``@set.space(block=[16, 32])``): a grown list must keep the code identity, as it does when the space is
+    declared ``set.space(...)(fn)``. A decorator that changes what the function does is declared with
+    ``identity=`` or ``revision=``, like a helper the function calls."""
     target = inspect.unwrap(fn)
     if isinstance(target, functools.partial):
         bound = repr(target.args) + repr(sorted(target.keywords.items()))
@@ -25,7 +32,7 @@ def code_text(fn: Callable[..., Any]) -> str:
     if not (inspect.isfunction(target) or inspect.ismethod(target) or inspect.isclass(target)) and callable(target):
         target = type(target)
     try:
-        return inspect.getsource(target)
+        return _undecorated(inspect.getsource(target))
     except (OSError, TypeError):
         code: CodeType | None = getattr(target, "__code__", None)
         if code is not None:
@@ -34,3 +41,18 @@ def code_text(fn: Callable[..., Any]) -> str:
         if " at 0x" in text:
             raise TuneFailure.invalid(f"no stable code identity for {text}: pass identity= or use a def") from None
         return text
+
+
+def _undecorated(source: str) -> str:
+    """``source`` from its ``def`` or ``class`` line on, when it is one decorated definition; else unchanged (a
+    lambda's source is the lines around it, not a statement)."""
+    try:
+        module = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return source
+    if len(module.body) != 1:
+        return source
+    node = module.body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or not node.decorator_list:
+        return source
+    return "".join(source.splitlines(keepends=True)[node.lineno - 1:])

@@ -6,9 +6,10 @@ first), with a sequential test after every pair:
 
 - **decided slower** than the incumbent: dropped (verdict ``dropped``, never a winner);
 - **decided faster**: it becomes the incumbent (the one it replaced stays a contender unless decided slower);
-- still close after :func:`screening_limit` pairs (half of ``samples``): a **contender**.
+- still close after :func:`screening_limit` pairs (3 for the default ``samples``): a **contender**.
 
-The contenders are then settled head to head against the incumbent (pairs up to ``sample_limit``), and the race's
+The best contenders are then settled head to head against the incumbent (fresh pairs up to ``sample_limit``, the
+median ratio deciding: typical times, not fastest runs, rank configs within the noise of each other), and the race's
 winner gets the full protocol against the reference (:func:`farm.trials.candidate_trials`): a decision's meaning
 never depends on the race, only its cost does.
 
@@ -51,10 +52,10 @@ BETA = 0.01
 
 
 def screening_limit(policy: StackPolicy) -> int:
-    """The pairs a config may take before it is kept as a contender: ``(samples + 1) // 2`` (4 for the default
+    """The pairs a config may take before it is kept as a contender: ``(samples - 1) // 2`` (3 for the default
     7). Only the best ``SETTLED`` contenders are settled, with up to ``sample_limit`` pairs each: screening needs
     only to tell the close from the clearly slower."""
-    return max(2, (policy.samples + 1) // 2)
+    return max(2, (policy.samples - 1) // 2)
 
 
 def look_beta(look: int) -> float:
@@ -288,9 +289,7 @@ class Race:
                 continue
             if rank > SETTLED:  # the incumbent is among the first SETTLED + 1
                 break
-            self._screen(entrant, limit)
-            if position in self.contenders and position != self.incumbent:
-                self._settle_tie(entrant)
+            self._settle(entrant, limit)
         winner = self.incumbent
         for position, entrant in list(self.contenders.items()):
             if position != winner:
@@ -310,10 +309,18 @@ class Race:
         ordered = tuple(self.outcomes[p] for p in sorted(self.outcomes))
         return Raced(ordered, dict(self.estimates), self.exhausted, winner)
 
-    def _settle_tie(self, entrant: Entrant) -> None:
-        """A contender still undecided after ``sample_limit`` pairs: a tie within the noise. It takes the incumbent's
-        place when its median paired ratio is below 1 (either is as good as the noise can tell)."""
-        ratios = sorted(c / i for i, c in entrant.pairs)
+    def _settle(self, entrant: Entrant, limit: int) -> None:
+        """Head to head: the contender and the incumbent in fresh order-balanced pairs up to ``limit``; it takes the
+        incumbent's place when the median of its ratios to the incumbent is below 1. Typical times decide here,
+        not fastest runs: the contenders are all within the noise of the incumbent's fastest."""
+        head_to_head = Entrant(entrant.position, entrant.name, entrant.validated)
+        while len(head_to_head.pairs) < limit and self.clock() <= self.deadline:
+            if not self._pair(head_to_head):
+                self.contenders.pop(entrant.position, None)
+                return
+        entrant.runs.extend(head_to_head.runs)
+        entrant.pairs.extend(head_to_head.pairs)
+        ratios = sorted(c / i for i, c in head_to_head.pairs)
         if ratios and ratios[len(ratios) // 2] < 1.0:
             self._promote(entrant)
 

@@ -323,3 +323,21 @@ class TunableSet:
                          for s in self._spaces)
             self._checksum = hashlib.sha256(fields(parts).encode()).hexdigest()
         return self._checksum
+
+    def parts(self) -> dict[str, str]:
+        """What :meth:`checksum` and a space's descriptor cover, part by part, so two processes can say which
+        part of a set differs: ``reference``, ``candidate NAME`` and ``space NAME`` (a digest of its manifest
+        entry and code), ``values NAME`` (a space's descriptor: its value lists and restrictions), ``tolerance``."""
+        def digest(text: str) -> str:
+            return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+        found = {"reference": self._impls[self._reference].name if self._reference is not None else ""}
+        for impl in self._impls:
+            found[f"candidate {impl.name}"] = digest(fields([impl.revision, str(impl.group), str(impl.workspace_bytes),
+                                                             str(impl.eligible), impl.code_identity()]))
+        for s in self._spaces:
+            found[f"space {s.name}"] = digest(fields([str(s.group), str(s.workspace_bytes), str(s.eligible), s.family()]))
+            found[f"values {s.name}"] = s.descriptor()
+        if self._tolerance is not None:
+            found["tolerance"] = digest(code_text(self._tolerance))
+        return found

@@ -24,7 +24,7 @@ from farm.trials import Outcome
 
 __all__ = [
     "GROUP_TASK", "PING_TASK", "PROTOCOL_VERSION", "REFERENCE_GROUP", "STATUS_FAILED", "STATUS_NOT_TRIED", "STATUS_OK",
-    "STATUS_VALIDATION_UNAVAILABLE", "GroupKey", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
+    "SET_DIFFERS", "STATUS_VALIDATION_UNAVAILABLE", "GroupKey", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
 ]
 
 PROTOCOL_VERSION = 2
@@ -110,6 +110,12 @@ def _candidate(entry: Any) -> tuple[str, str]:
     return (_require(entry, "name", str), _require(entry, "revision", str))
 
 
+def _parts(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ProtocolError(f"expects must map part names to strings, got {value!r}")
+    return dict(value)
+
+
 def _budget(value: Any) -> float | None:
     if value is None:
         return None
@@ -126,7 +132,9 @@ class GroupTask:
     like the first search of a problem; a number: what the problem's earlier groups left, see ``farm.search``).
     ``incumbent`` (name, revision): a race's group (``screening = "race"``, ``farm_workers.racing``): each config is
     validated against the reference, then paired against the incumbent on this device; ``noise``: the relative
-    excesses of the reference's and the incumbent's runs the coordinator has seen (``farm.racing.excesses``)."""
+    excesses of the reference's and the incumbent's runs the coordinator has seen (``farm.racing.excesses``).
+    ``expects``: the coordinator's tunable set, part by part (``TunableSet.parts``); a worker whose set differs
+    refuses the task, naming what differs (None: a coordinator that predates the check)."""
 
     run: str
     problem_id: str
@@ -142,6 +150,7 @@ class GroupTask:
     budget: float | None = None
     incumbent: tuple[str, str] | None = None
     noise: tuple[float, ...] = ()
+    expects: dict[str, str] | None = None
 
     @property
     def key(self) -> GroupKey:
@@ -168,6 +177,7 @@ class GroupTask:
             "budget": self.budget,
             **({"incumbent": {"name": self.incumbent[0], "revision": self.incumbent[1]},
                 "noise": list(self.noise)} if self.incumbent is not None else {}),
+            **({"expects": dict(self.expects)} if self.expects is not None else {}),
         }
 
     @classmethod
@@ -189,6 +199,7 @@ class GroupTask:
             budget=_budget(d.get("budget")),
             incumbent=_candidate(d["incumbent"]) if d.get("incumbent") is not None else None,
             noise=tuple(_seconds(x, "noise") for x in d.get("noise", [])),
+            expects=_parts(d["expects"]) if d.get("expects") is not None else None,
         )
 
 
@@ -284,6 +295,48 @@ class GroupResult:
     def not_tried(cls, task: GroupTask, error: str) -> GroupResult:
         """The coordinator's result for a group it did not send because the problem's budget was spent."""
         return cls(task.run, task.problem_id, task.group, STATUS_NOT_TRIED, error=error, budget_exhausted=True)
+
+
+SET_DIFFERS = "set differs: "
+"""How a worker's refusal of a task whose set differs from the coordinator's begins (``set_difference``)."""
+
+
+def set_difference(operation: str, worker: str, here: Mapping[str, str], expected: Mapping[str, str]) -> str | None:
+    """Why ``worker``'s set of ``operation`` (``here``, ``TunableSet.parts``) is not the coordinator's
+    (``expected``): one error naming the operation and each part that differs; None when they agree. A worker
+    left on an old version of a module would publish under the old set (its own cache key), so it refuses."""
+    if dict(here) == dict(expected):
+        return None
+    differs = []
+    for part in sorted(set(here) | set(expected), key=lambda p: (p.split(" ", 1)[-1], p)):
+        mine, theirs = here.get(part), expected.get(part)
+        if mine == theirs:
+            continue
+        kind, _, name = part.partition(" ")
+        what = f"{kind} {name!r}" if name else kind
+        if mine is None:
+            differs.append(f"{what} only on the coordinator")
+        elif theirs is None:
+            differs.append(f"{what} only on this worker")
+        elif kind == "values":
+            differs.append(f"space {name!r} values {_lists(mine, theirs)} here, {_lists(theirs, mine)} on the "
+                           f"coordinator")
+        elif kind == "reference":
+            differs.append(f"reference {mine!r} here, {theirs!r} on the coordinator")
+        else:
+            differs.append(f"{what} code or options differ")
+    return (f"{SET_DIFFERS}{operation} on worker {worker} differs from the coordinator's ({'; '.join(differs)}): "
+            f"restart the worker with the coordinator's version of the module (--kernels)")
+
+
+def _lists(descriptor: str, other: str) -> str:
+    """``descriptor`` without the tail it shares with ``other`` after its value lists (the same restrictions)."""
+    same = 0
+    while same < min(len(descriptor), len(other)) and descriptor[-1 - same] == other[-1 - same]:
+        same += 1
+    tail = descriptor[len(descriptor) - same:]
+    cut = tail.find("]")
+    return descriptor if cut < 0 else descriptor[:len(descriptor) - same + cut + 1]
 
 
 def _optional_str(value: Any, name: str) -> str | None:

@@ -149,3 +149,15 @@ def test_the_cli_merges_and_diffs_archives(tmp_path):
     assert diff.returncode == 0, diff.stderr
     report = json.loads(diff.stdout)
     assert len(report["new"]) == 1 and [c["winner_b"] for c in report["changed"]] == ["other"]
+
+
+def test_inspect_and_diff_print_a_config_name_with_its_brackets(tmp_path):
+    names = ("reference", "row_blocks[height=64]", "[bold]x[/bold]")
+    a = hand_archive(tmp_path / "a", FP_A, [entry(key_for(FP_A, "n=1", names=names), winner=1, names=names)])
+    b = hand_archive(tmp_path / "b", FP_A, [entry(key_for(FP_A, "n=1", names=names), winner=2, names=names)])
+    shown = farm_cli("inspect", str(a), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "row_blocks[height=64]" in shown.stdout, shown.stdout
+    diff = farm_cli("diff", str(a), str(b), cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    assert "row_blocks[height=64] -> [bold]x[/bold]" in " ".join(diff.stdout.split()), diff.stdout

@@ -15,6 +15,7 @@ from farm_fleet.protocol import (
     GroupResult,
     GroupTask,
     ProtocolError,
+    set_difference,
 )
 
 TASK = GroupTask("run-1", "p1", "g1", "softmax", "cpu", {"rows": 4, "cols": 8, "dtype": "float32"},
@@ -77,3 +78,27 @@ def test_a_result_with_an_unknown_verdict_is_refused() -> None:
     data["outcomes"][0]["verdict"] = "maybe"
     with pytest.raises(ProtocolError, match="malformed outcome"):
         GroupResult.from_dict(data)
+
+
+def test_a_task_carries_the_coordinators_set_part_by_part() -> None:
+    task = GroupTask(**{**TASK.__dict__, "expects": {"reference": "ref", "values tiled": "tiled[block=16|32]"}})
+    assert GroupTask.from_dict(wire(task.to_dict())) == task
+    assert "expects" not in TASK.to_dict() and GroupTask.from_dict(wire(TASK.to_dict())).expects is None
+    data = task.to_dict()
+    data["expects"] = {"reference": 3}
+    with pytest.raises(ProtocolError, match="expects must map part names to strings"):
+        GroupTask.from_dict(data)
+
+
+def test_a_set_difference_names_the_operation_and_every_part_that_differs() -> None:
+    here = {"reference": "ref", "candidate online": "aa", "space tiled": "cc",
+            "values tiled": "tiled[block=16|32] where block <= 64 #ab12"}
+    there = {**here, "candidate online": "ab", "candidate fused": "dd",
+             "values tiled": "tiled[block=16|32|64] where block <= 64 #ab12"}
+    assert set_difference("softmax", "w0@host", here, dict(here)) is None
+    said = set_difference("softmax", "w0@host", here, there)
+    assert said == (
+        "set differs: softmax on worker w0@host differs from the coordinator's (candidate 'fused' only on the "
+        "coordinator; candidate 'online' code or options differ; space 'tiled' values tiled[block=16|32] here, "
+        "tiled[block=16|32|64] on the coordinator): restart the worker with the coordinator's version of the "
+        "module (--kernels)")

@@ -163,3 +163,29 @@ def test_every_relative_link_of_the_page_names_a_file_and_heading_that_exist(pag
         assert linked.exists(), f"{page}: link to {target}: no such file"
         if anchor:
             assert anchor in heading_anchors(linked), f"{page}: link to {target}: no such heading"
+
+
+KEYS_INIT = re.compile(r"farm keys init(?P<args>[^#\n]*)")
+SIGNING_KEY = re.compile(r"--signing-key (?P<path>\S+)")
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if "--signing-key" in b.text], ids=lambda b: f"line{b.line}")
+def test_every_signing_key_a_readme_block_signs_with_is_created_by_an_earlier_step_of_it(block):
+    """A reader runs a block's lines in order: the key it signs with comes from its own `farm keys init`."""
+    created: set[str] = set()
+    for line in block.text.splitlines():
+        for found in SIGNING_KEY.finditer(line):
+            assert found["path"] in created, f"README.md:{block.line}: --signing-key {found['path']} that no step creates"
+        made = KEYS_INIT.search(line)
+        if made is not None:
+            args = made["args"].split()
+            directory = args[args.index("--dir") + 1] if "--dir" in args else "farm-keys"
+            name = args[args.index("--name") + 1] if "--name" in args else "farm"
+            created.add(f"{directory.rstrip('/')}/{name}.key")
+
+
+def test_the_readmes_incremental_claim_states_its_precondition():
+    """A grown space evaluates only its new configs after a complete exhaustive search only (docs/spaces.md)."""
+    text = " ".join(README.read_text().split())
+    claim = text.index("evaluates only its new configs")
+    assert "complete exhaustive search" in text[claim:claim + 300], text[claim:claim + 300]

@@ -96,6 +96,28 @@ def test_keys_init_writes_an_owner_only_private_key_and_never_overwrites_one(tmp
     assert shown.returncode == 0 and shown.stdout.split()[0] == line.key_id
 
 
+def test_keys_init_in_a_git_working_tree_keeps_the_private_key_out_of_commits_and_says_where_it_is(tmp_path):
+    tree = tmp_path / "repo"
+    (tree / ".git").mkdir(parents=True)  # a working tree (keys init only looks for it; no git command runs)
+    done = farm_cli("keys", "init", cwd=tree)
+    assert done.returncode == 0, done.stderr
+    private = tree / "farm-keys" / "farm.key"
+    assert f"private key {private.resolve()} (mode 0600" in done.stdout
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    ignore = tree / "farm-keys" / ".gitignore"
+    assert "*.key" in ignore.read_text().splitlines() and "farm-keys/.gitignore keeps its private keys" in done.stdout
+    farm_cli("keys", "init", "--name", "second", cwd=tree)
+    assert ignore.read_text().splitlines().count("*.key") == 1
+    outside = farm_cli("keys", "init", "--dir", "keys", cwd=tmp_path)
+    assert outside.returncode == 0 and "git working tree" not in outside.stdout
+    assert not (tmp_path / "keys" / ".gitignore").exists()
+
+
+def test_the_repository_ignores_the_key_folders_its_docs_write():
+    ignored = (Path(__file__).resolve().parent.parent / ".gitignore").read_text().splitlines()
+    assert {"/keys/", "/farm-keys/", "*.key"} <= set(ignored)
+
+
 def test_a_signing_key_readable_by_others_is_refused(key, tmp_path):
     assert key.path is not None
     os.chmod(key.path, 0o644)

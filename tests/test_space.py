@@ -122,7 +122,7 @@ def test_strategy_max_configs_and_seed_are_not_in_the_accuracy_key() -> None:
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("strategy", "genetic", "policy.strategy must be one of exhaustive, random, bayes, got 'genetic'"),
+    ("strategy", "genetic", "policy.strategy must be one of exhaustive, random, bayes, local, got 'genetic'"),
     ("max_configs", 0, "policy.max_configs must be an integer"),
     ("max_configs", True, "policy.max_configs must be an integer"),
     ("seed", -1, "policy.seed must be an integer"),
@@ -178,3 +178,59 @@ def test_a_catalog_policy_with_a_bad_strategy_names_the_file_and_field(tmp_path)
                     'workloads = [{ m = 2, n = 2, k = 2, dtype = "float32" }]\n')
     policy = load_catalog(path).policy
     assert (policy.strategy, policy.max_configs, policy.seed) == ("bayes", 60, 3)
+
+
+DECORATED = '''
+import farm
+
+blocked = farm.TunableSet("scale", signature=farm.array_signature)
+
+
+@blocked.reference
+def reference(x):
+    return x * 2.0
+
+
+@blocked.space(group=0, block=BLOCKS, unroll=[1, 2, 4, 8],
+               restrict="block * unroll <= 256")
+def tiled(x, *, block, unroll):
+    return x * 2.0 if block != 16 else x * 3.0
+'''
+
+
+def decorated_module(directory, name: str, blocks: list[int]) -> farm.TunableSet:
+    """The module a user writes, space declared with the documented decorator form and literal value lists."""
+    import importlib.util
+
+    path = directory / f"{name}.py"
+    path.write_text(DECORATED.replace("BLOCKS", repr(blocks)))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.blocked
+
+
+def test_a_space_declared_with_the_decorator_form_grows_incrementally_in_process(tmp_path) -> None:
+    from farm import adapter
+
+    small = decorated_module(tmp_path, "scale_v1", [16, 32, 64, 128])
+    grown = decorated_module(tmp_path, "scale_v2", [16, 32, 64, 128, 256])
+    # The decorator's value lists are not the code: the family and the set's checksum stay.
+    assert small.spaces[0].family() == grown.spaces[0].family()
+    assert small.checksum() == grown.checksum()
+    assert "@blocked.space" not in farm.tunable.code_text(grown.spaces[0].fn)
+    tuner = farm.enable_stack_autotune(farm.StackPolicy(warmups=1, samples=3, max_relative_mad=1.0),
+                                       cache_directory=tmp_path / "cache")
+    try:
+        client, x = farm.HostClient(0), np.arange(64, dtype=np.float64)
+        farm.try_execute_stack("scale", "cpu", client, small, (x,))
+        first = tuner.reports()[-1]
+        assert (first.incremental, first.evaluated, first.space_size) == (False, 13, 16)
+        np.testing.assert_allclose(farm.try_execute_stack("scale", "cpu", client, grown, (x,)), x * 2.0)
+        again = tuner.reports()[-1]
+        # Only block=256 with unroll 1 (256 * 1 <= 256) is new and feasible.
+        assert (again.incremental, again.evaluated, again.space_size) == (True, 1, 20)
+        assert again.covered == {"tiled": {"block": [16, 32, 64, 128, 256], "unroll": [1, 2, 4, 8]}}
+    finally:
+        adapter._uninstall_for_tests()

@@ -220,3 +220,24 @@ def test_the_farm_tunes_a_grown_space_incrementally_with_real_workers(space, red
     assert judged(grown) == {old.name, *NEW} - {"slow_reference"}
     assert (grown.meta["evaluated"], grown.meta["covered"]) == (2, covered(GROWN))
     assert indexed == {fid: grown}
+
+
+@pytest.mark.servers
+def test_a_worker_left_on_the_old_space_refuses_the_task_and_the_run_says_so(redis_srv, tmp_path) -> None:
+    catalog = write_catalog(tmp_path / "c.toml", SPACE, POLICY.replace("budget = 30.0", "budget = 3.0"))
+    with fleet(redis_srv, tmp_path / "fleet", ()) as f:
+        stale = start_worker("cpu:0", f.broker, f.results_url, f.directory, f.env, kernels=("farm_spaceops",))
+        f.workers.append(stale)  # still importing the 8-config module
+        wait_worker_ready(stale, f.client(), f.settings.prefix)
+        env = {**f.env, "PYTHONPATH": grown_module(tmp_path / "mods", "grownstale", GROWN)["PYTHONPATH"]}
+        done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--broker", f.broker,
+                               "--redis", f.results_url, "--kernels", "grownstale"], capture_output=True, text=True,
+                              env=env, timeout=300)
+        store = RedisDecisions(client=f.client(), settings=f.settings)
+        decisions = [r for digest in store.fingerprints() for r in store.records(digest)]
+    said = " ".join((done.stdout + done.stderr).split())  # the table and failure lines wrap on a narrow terminal
+    assert done.returncode == 1, said
+    assert "farmtest_space on worker" in said and "differs from the coordinator's" in said, said
+    assert ("space 'chunked' values chunked[chunk=7|256|1024|4096,twice=False|True] here, "
+            "chunked[chunk=7|256|512|1024|4096,twice=False|True] on the coordinator" in said), said
+    assert decisions == []  # nothing published under either set

@@ -73,3 +73,18 @@ def test_the_status_command_says_when_redis_is_unreachable():
                           capture_output=True, text=True, env=farm_env(), timeout=60)
     assert done.returncode == 2
     assert "cannot reach Redis" in done.stderr
+
+
+def test_status_tables_print_names_with_brackets_as_written(redis_srv, redis_db):
+    from rich.console import Console
+
+    from farm_coordinator.status import render
+
+    settings = Settings(prefix="stb")
+    presence.announce(redis_db, settings, worker("w[gpu=0]", presence.HEALTHY, time.time()))
+    log = RedisRunLog(redis_db, settings)
+    log.start("run[bold]1", "catalogs/[red]site[/red].toml", 10)
+    console = Console(width=300, record=True)
+    console.print(render(collect(redis_db, settings, None)))
+    text = console.export_text()
+    assert "w[gpu=0]" in text and "run[bold]1" in text and "catalogs/[red]site[/red].toml" in text, text

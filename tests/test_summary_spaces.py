@@ -35,4 +35,25 @@ def test_a_farm_record_is_counted_from_its_candidates_under_the_runs_strategy() 
     assert partial_search(farmed, policy) and not partial_search(farmed, farm.StackPolicy())
     cut = record([*judged, {"name": "chunked[chunk=4096,twice=True]", "note": "not tried: the budget ran out"}])
     assert partial_search(cut, farm.StackPolicy())
-    assert space_effort(cut, farm.StackPolicy()) == "evaluated 2 of 8 configs (exhaustive)"  # not tried: not counted
+    # Not tried: not counted, and the line says the budget stopped the search and which setting changes it.
+    assert space_effort(cut, farm.StackPolicy(budget=10.0)) == (
+        "evaluated 2 of 8 configs (exhaustive): the budget of 10 s ran out with 1 candidate not tried (raise budget "
+        "in the catalog's [policy] table)")
+
+
+def test_farm_tune_says_the_budget_stopped_a_search_and_which_setting_changes_it(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from farm_helpers import write_catalog
+    from servers import farm_env
+
+    problems = '[[problems]]\noperation = "farmtest_space"\nworkloads = [{ n = 3000, dtype = "float64" }]\n'
+    catalog = write_catalog(tmp_path / "c.toml", problems, "samples = 5\nwarmups = 1\nbudget = 0.01\n")
+    done = subprocess.run([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--cache-dir", str(tmp_path / "c"),
+                           "--kernels", "farm_spaceops"], capture_output=True, text=True, env=farm_env(),
+                          cwd=tmp_path, timeout=300)
+    said = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "configs (exhaustive): the budget of 0.01 s ran out with" in said, said
+    assert "not tried (raise budget in the catalog's [policy] table)" in said, said

@@ -34,7 +34,14 @@ from farm.runtimes.base import ComputeClient
 from farm.search import search
 from farm.tunable import TunableSet
 from farm_fleet.errors import DeviceQuarantined
-from farm_fleet.protocol import STATUS_OK, STATUS_VALIDATION_UNAVAILABLE, GroupKey, GroupResult, GroupTask
+from farm_fleet.protocol import (
+    STATUS_OK,
+    STATUS_VALIDATION_UNAVAILABLE,
+    GroupKey,
+    GroupResult,
+    GroupTask,
+    set_difference,
+)
 from farm_fleet.results import ResultsStore, Runner
 from farm_fleet.settings import Settings
 from farm_workers.racing import race_group
@@ -201,6 +208,11 @@ def _trials(task: GroupTask, ctx: WorkerContext, provenance: dict[str, Any]) -> 
     name, tunable, build = _operation(task, ctx)
     if task.fingerprint != ctx.digest:
         raise ValueError(f"task for fingerprint {task.fingerprint} reached a worker of fingerprint {ctx.digest}")
+    if task.expects is not None:  # a worker left on an old module would publish under its own, old set
+        differs = set_difference(task.operation, f"{ctx.worker_id}@{ctx.host}", tunable.parts(), task.expects)
+        if differs is not None:
+            log.error("refused group %s of %s: %s", task.group, task.problem_id, differs)
+            return GroupResult.failed(task, differs, provenance)
     policy = StackPolicy.from_dict(task.policy, where=f"task {task.run}/{task.problem_id}/{task.group} policy")
     client = ctx.client
     started = time.monotonic()
