@@ -9,7 +9,7 @@ first), with a sequential test after every pair:
 - still close after :func:`screening_limit` pairs (3 for the default ``samples``): a **contender**.
 
 The best contenders are then settled head to head against the incumbent (fresh pairs up to ``sample_limit``, the
-median ratio deciding: typical times, not fastest runs, rank configs within the noise of each other), and the race's
+mean times deciding: typical times, not fastest runs, rank configs within the noise of each other), and the race's
 winner gets the full protocol against the reference (:func:`farm.trials.candidate_trials`): a decision's meaning
 never depends on the race, only its cost does.
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -311,8 +312,10 @@ class Race:
 
     def _settle(self, entrant: Entrant, limit: int) -> None:
         """Head to head: the contender and the incumbent in fresh order-balanced pairs up to ``limit``; it takes the
-        incumbent's place when the median of its ratios to the incumbent is below 1. Typical times decide here,
-        not fastest runs: the contenders are all within the noise of the incumbent's fastest."""
+        incumbent's place when its mean time is below the incumbent's over those pairs (each side's runs alike
+        disturbed, order-balanced). Typical times decide here, not fastest runs: the contenders are all within the
+        noise of the incumbent's fastest, and a median (of times or of ratios) misjudges a config whose times
+        have two modes."""
         head_to_head = Entrant(entrant.position, entrant.name, entrant.validated)
         while len(head_to_head.pairs) < limit and self.clock() <= self.deadline:
             if not self._pair(head_to_head):
@@ -320,8 +323,8 @@ class Race:
                 return
         entrant.runs.extend(head_to_head.runs)
         entrant.pairs.extend(head_to_head.pairs)
-        ratios = sorted(c / i for i, c in head_to_head.pairs)
-        if ratios and ratios[len(ratios) // 2] < 1.0:
+        pairs = head_to_head.pairs
+        if pairs and statistics.fmean(c for _, c in pairs) < statistics.fmean(i for i, _ in pairs):
             self._promote(entrant)
 
     def _lost(self, entrant: Entrant, winner: int) -> None:
