@@ -107,8 +107,10 @@ class RuntimeTrials:
         self.throttle_probe: Callable[[], bool] | None = nvml_throttle_probe(client)
         # The cost of the trials so far: every run on the device (validation, warm-ups, timed runs), in seconds.
         self.device_seconds = 0.0
-        # A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too.
-        self._profiled = timing is Timing.DEVICE or getattr(client, "simulated", False)
+        # A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too, and
+        # this process's context switches do not disturb it (farm.interference).
+        self.simulated = bool(getattr(client, "simulated", False))
+        self._profiled = timing is Timing.DEVICE or self.simulated
         self._expected: tuple[int, Any] | None = None  # the reference's output: computed once, compared many times
 
     def _run(self, index: int, inputs: Inputs) -> Any:

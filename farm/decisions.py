@@ -103,6 +103,10 @@ class TuneReport:
     # CUDA events, a replay's simulated clock) and seconds spent compiling the configs it built (off the device).
     device_seconds: float = 0.0
     compile_seconds: float = 0.0
+    # Every config a spaced search evaluated with its estimated ratio to the reference, best first (what another
+    # SKU's search reads as a prior: farm.priors), and the priors it was given (their fingerprints).
+    estimates: tuple[tuple[str, float], ...] = ()
+    priors: tuple[str, ...] = ()
 
 
 _depth = threading.local()

@@ -226,6 +226,13 @@ class LocalSearch:
                     break
         return out
 
+    def adopt(self, positions: Sequence[int]) -> None:
+        """Configs proposed for this search (a prior's, best first): never proposed again, counted against the
+        limit; told, they are results like its own, so the model and the neighbourhood start from them."""
+        fresh = [p for p in positions if p not in self.proposed]
+        self.proposed.update(fresh)
+        self.left -= len(fresh)
+
     def tell(self, results: Sequence[tuple[int, float | None]]) -> None:
         for position, ratio in results:
             self.results[position] = ratio

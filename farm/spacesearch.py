@@ -23,6 +23,7 @@ from typing import Any
 from farm.decisions import TuneReport
 from farm.identity import CacheKey, Candidate, Problem
 from farm.policy import StackPolicy
+from farm.priors import RANKED, PriorFirst, Source, active, ranked
 from farm.racing import Race
 from farm.roster import Roster
 from farm.scoring import judge
@@ -65,6 +66,8 @@ class Explored:
     space_size: int
     covered: Covered | None
     incremental: bool
+    estimates: tuple[tuple[str, float], ...] = ()  # every config evaluated, best first (farm.priors.ranked)
+    priors: tuple[str, ...] = ()  # the priors that ordered it (their fingerprints)
 
 
 def family_entries(roster: Roster) -> dict[str, Candidate]:
@@ -134,10 +137,12 @@ def covered_positions(roster: Roster, prior: Prior | None) -> Callable[[int], bo
 
 
 def explore(
-    runner: Any, policy: StackPolicy, reference: int, roster: Roster, banned: Collection[str], prior: Prior | None
+    runner: Any, policy: StackPolicy, reference: int, roster: Roster, banned: Collection[str], prior: Prior | None,
+    sources: Sequence[Source] = (),
 ) -> Explored:
     """Time the reference, try the admitted plain candidates (all of them, or only a prior's winner), then the
-    strategy's configs, within the policy's budget. Raises what :func:`farm.search.search` raises."""
+    strategy's configs (the best of other devices' rankings ``sources`` first: farm.priors), within the policy's
+    budget. Raises what :func:`farm.search.search` raises."""
     names = roster.names
     plain, refused = admit(roster, reference, policy, order=roster.plain_positions, banned=banned)
     first = plain  # a grown space's search re-judges only the stored winner among what it covered
@@ -146,6 +151,9 @@ def explore(
         first, refused = ([winner] if winner is not None and winner != reference else []), []
 
     strategy = make_strategy(roster, policy, covered_positions(roster, prior))  # before any trial: a missing Optuna fails at once
+    if sources:
+        strategy = PriorFirst(strategy, roster, sources, policy.max_configs, names[reference])
+    estimates: dict[str, float | None] = {}
     started = time.monotonic()
     deadline = started + policy.budget
     reference_times = reference_trials(runner, policy, reference, names[reference])
@@ -181,14 +189,17 @@ def explore(
         return judge(outcome.pairs, policy).ratio
 
     for position in first:
-        attempt(position, proposed=False)
+        estimates[names[position]] = attempt(position, proposed=False)
     while not exhausted:
         asked = strategy.ask(ROUND)
         if not asked:
             break
-        strategy.tell([(p, attempt(p)) for p in asked])
+        told = [(p, attempt(p)) for p in asked]
+        estimates.update((names[p], r) for p, r in told)
+        strategy.tell(told)
     if race is not None:
         raced = race.finish()
+        estimates.update((names[p], r) for p, r in raced.estimates.items())
         outcomes.extend(raced.outcomes)
         exhausted = exhausted or raced.budget_exhausted
     stopped_by_limit = policy.max_configs is not None and evaluated >= policy.max_configs
@@ -196,18 +207,21 @@ def explore(
     if stopped_by_limit and policy.strategy == "exhaustive":
         exhausted = True  # SEMANTICS: the search stopped before trying every eligible candidate
     return Explored(tuple(reference_times), tuple(outcomes), exhausted or any(o.budget_exhausted for o in refused),
-                    evaluated, space_size(roster), covered_by(roster) if complete else None, prior is not None)
+                    evaluated, space_size(roster), covered_by(roster) if complete else None, prior is not None,
+                    tuple(ranked(estimates, names[reference])), tuple(s.name for s in sources))
 
 
 
 def space_meta(policy: StackPolicy, spaced: Explored | None, winner: str) -> dict[str, Any]:
     """What a spaced decision's record carries beyond the decision (none for a set without spaces): the effort
-    (strategy, seed, max_configs, evaluated, space_size), the configs covered, and the winner's name."""
+    (strategy, seed, max_configs, evaluated, space_size), the configs covered, the winner's name, the best
+    ``RANKED`` configs with their ratios (``ranked``: what another SKU reads as a prior) and the priors used."""
     if spaced is None:
         return {}
     return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
             "evaluated": spaced.evaluated, "space_size": spaced.space_size, "covered": spaced.covered,
-            "winner": winner, "incremental": spaced.incremental}
+            "winner": winner, "incremental": spaced.incremental, "priors": list(spaced.priors),
+            "ranked": [[n, r] for n, r in spaced.estimates[:RANKED]]}
 
 
 def decided(
@@ -234,7 +248,8 @@ def search_report(problem: Problem, winner: str, elapsed: float, budget_exhauste
         return report
     return dataclasses.replace(report, evaluated=spaced.evaluated, space_size=spaced.space_size,
                                strategy=policy.strategy, seed=policy.seed, max_configs=policy.max_configs,
-                               covered=spaced.covered, incremental=spaced.incremental)
+                               covered=spaced.covered, incremental=spaced.incremental,
+                               estimates=spaced.estimates, priors=spaced.priors)
 
 
 def searched(
@@ -244,13 +259,14 @@ def searched(
     """A miss's search: a plain list through :func:`farm.search.search` (Outcomes of refused candidates
     included), a roster with spaces through :func:`explore`, incremental when ``stored(family key, persistent)``
     finds a fresh family record. Returns the outcomes in position order, the reference's timings, whether the
-    search stopped early, and the spaced search (None for a plain list)."""
+    search stopped early, and the spaced search (None for a plain list). Other devices' priors come from
+    :func:`farm.priors.using` (``farm.tune(priors=...)``); the farm's engine gives none."""
     spaced = None
     if isinstance(candidates, Roster) and candidates.has_spaces:
         family = stored(family_key(problem, candidates, reference, policy), problem.persistent)
         fresh = family is not None and family.is_fresh(time.time(), policy.ttl)
         spaced = explore(runner, policy, reference, candidates, banned,
-                         prior_of(family.meta) if family is not None and fresh else None)
+                         prior_of(family.meta) if family is not None and fresh else None, active())
         outcomes, times = spaced.outcomes, spaced.reference_times
     else:
         admitted, refused = admit(candidates, reference, policy, banned=banned)

@@ -47,6 +47,10 @@ class Strategy(Protocol):
 
     def tell(self, results: Sequence[tuple[int, float | None]]) -> None: ...
 
+    def usable(self, position: int) -> bool: ...  # not proposed yet, not excluded, feasible
+
+    def adopt(self, positions: Sequence[int]) -> None: ...  # proposed for it (priors): never proposed again
+
 
 def make_strategy(roster: Roster, policy: StackPolicy, exclude: Exclude | None = None) -> Strategy:
     """The policy's strategy over ``roster``'s spaces; ``exclude`` names positions never to propose (an
@@ -120,6 +124,10 @@ class _Budgeted:
         self.proposed.update(positions)
         self.left -= len(positions)
         return positions
+
+    def adopt(self, positions: Sequence[int]) -> None:
+        """Configs proposed for this strategy (a prior's): never proposed again, counted against the limit."""
+        self.take([p for p in positions if p not in self.proposed])
 
     def position(self, ordinal: int) -> int:
         """The roster position of the ``ordinal``-th config over all spaces (0 <= ordinal < total)."""
@@ -267,6 +275,30 @@ class Bayes(_Budgeted):
             self._known[position] = ratio
             trial = self._pending.pop(position, None)
             if trial is None:
+                if position in self.proposed:  # an adopted config (a prior's): the model learns it as a trial
+                    self._add(position, PENALTY if ratio is None else ratio)
                 continue
             self._study.tell(trial, PENALTY if ratio is None else ratio)
+
+    def _add(self, position: int, value: float) -> None:
+        """Tell TPE the result of a config it did not suggest: the parameters ``_suggest`` would have chosen."""
+        distributions, params = self._optuna.distributions, dict[str, Any]()
+        index = next(n for n, s in enumerate(self.segments) if s.start <= position < s.start + s.size)
+        segment = self.segments[index]
+        space = segment.space
+        assert space is not None
+        dists: dict[str, Any] = {}
+        if len(self.segments) > 1:
+            names = [s.space.name for s in self.segments if s.space is not None]
+            dists["space"], params["space"] = distributions.CategoricalDistribution(names), space.name
+        config = space.config(position - segment.start)
+        for p, values in space.params:
+            key = f"{space.name}.{p}" if len(self.segments) > 1 else p
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                ordered = sorted(values)
+                dists[key], params[key] = distributions.IntDistribution(0, len(ordered) - 1), ordered.index(config[p])
+            else:
+                choices = list(range(len(values)))
+                dists[key], params[key] = distributions.CategoricalDistribution(choices), values.index(config[p])
+        self._study.add_trial(self._optuna.trial.create_trial(params=params, distributions=dists, value=value))
 

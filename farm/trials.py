@@ -292,7 +292,7 @@ def _sequence(
     """One sequence of pairs: ``samples``, then more at each look while undecided. The stop reason is None when
     the budget ran out before ``samples`` pairs."""
     name, ref_name = names[index], names[reference]
-    probe = Probe(throttle_probe(runner))
+    probe = Probe(throttle_probe(runner), host=not getattr(runner, "simulated", False))
     pairs: list[Pair] = []
     stop: str | None = STOP_MAX_SAMPLES
     for size in look_sizes(policy.samples, policy.sample_limit):

@@ -1,0 +1,192 @@
+"""Priors: other fingerprints' decisions of the same problem family, read as rankings and weighted by how well
+each one has predicted this device so far.
+
+A prior is a :class:`Source`: a name (the fingerprint it was measured on) and a ranking of config names with their
+estimated ratios to the reference, best first. It is read from a ``farm.tune`` result (``Tuned``: its report's
+``estimates``, every config it evaluated) or a decision record (its meta's ``ranked``: the best ``RANKED`` configs).
+A search evaluates the priors' best configs first (:class:`PriorFirst`, a strategy wrapper), so racing starts from
+a strong incumbent and the strategy is seeded with their results; then its own strategy takes over.
+
+**Weights.** A source's weight is its rank agreement with this device on the configs both measured, shrunk toward
+trust while there is little evidence: ``max(0, 2 (C + A) / (C + D + A) - 1)`` with C and D the concordant and
+discordant pairs and ``A = AGREEMENT_PRIOR`` pseudo-pairs of agreement. A complete source (its search covered the
+space) ranks every config it does not list below the ones it lists, so a config this device found faster than
+the source's favourites counts against it. A source that ranks this device's configs in reverse gets weight 0 and
+proposes nothing more. Priors change effort, never meaning: every config they propose gets the same trials as any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from farm.identity import CacheKey
+from farm.roster import Roster
+from farm.stores.base import DecisionRecord
+from farm.strategies import Strategy
+
+RANKED = 32
+"""The best configs a decision's meta keeps with their ratios (what another SKU's search reads)."""
+FIRST = 16
+"""The most configs the priors propose before the strategy's own (an exhaustive search: the order only)."""
+SHARE = 0.5
+"""The most share of ``max_configs`` the priors propose."""
+AGREEMENT_PRIOR = 2.0
+"""Pseudo-pairs of agreement a source starts with (its weight is 1 until this device's results say otherwise)."""
+MUTE = 0.25
+"""A config is proposed by the priors only while its weighted score is at least this (a muted source: none)."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One prior: its name (the fingerprint it was measured on), its ranking ``(config name, ratio to the
+    reference)`` best first, and whether it is complete (every config it does not list ranked below its list)."""
+
+    name: str
+    ranking: tuple[tuple[str, float], ...]
+    complete: bool = False
+
+
+def source(prior: Any, limit: int | None = None) -> Source:
+    """A prior as a Source: a ``Source``, a ``Tuned`` (its report's estimates) or a :class:`DecisionRecord` (its
+    meta's ``ranked``); ``limit`` keeps the best ones only. ValueError for anything else, or one without a ranking."""
+    if isinstance(prior, Source):
+        found = prior
+    elif isinstance(prior, DecisionRecord):
+        ranked = prior.meta.get("ranked")
+        if not isinstance(ranked, list) or not ranked:
+            raise ValueError(f"decision {prior.name!r} keeps no ranking (meta 'ranked'): it cannot be a prior")
+        pairs = [(str(n), float(r)) for n, r in ranked]
+        found = Source(_environment(prior.cache_key), tuple(pairs), prior.meta.get("covered") is not None)
+    elif getattr(prior, "report", None) is not None and hasattr(prior.report, "estimates"):
+        report = prior.report
+        if not report.estimates:
+            raise ValueError(f"result {prior.name!r} evaluated no config: it cannot be a prior")
+        found = Source(report.environment, tuple(report.estimates), report.covered is not None)
+    else:
+        raise ValueError(f"a prior must be a Tuned result or a DecisionRecord, got {type(prior).__name__}")
+    ranking = sorted(((n, r) for n, r in found.ranking if r > 0 and math.isfinite(r)), key=lambda nr: nr[1])
+    kept = tuple(ranking[:limit] if limit is not None else ranking)
+    return Source(found.name, kept, found.complete)  # a complete ranking cut short still ranks the rest below
+
+
+def _environment(key: str) -> str:
+    try:
+        return CacheKey.decode(key).environment
+    except ValueError:  # a key this version cannot read still names a source
+        return key[:64]
+
+
+def ranked(estimates: Mapping[str, float | None], reference: str, limit: int | None = None) -> list[tuple[str, float]]:
+    """Configs with their estimates, best first, ``limit`` of them, the reference (ratio 1) always among them."""
+    good = sorted(((n, float(r)) for n, r in estimates.items() if r is not None and math.isfinite(r) and r > 0),
+                  key=lambda nr: nr[1])
+    kept = good[:limit] if limit is not None else good
+    return kept if any(n == reference for n, _ in kept) else [*kept, (reference, 1.0)]
+
+
+def weight(src: Source, measured: Mapping[str, float]) -> float:
+    """How well ``src`` predicted this device: rank agreement on the configs both measured (module docstring);
+    ``measured`` maps config names to this device's ratios. 1 without evidence, 0 for a reversed ranking."""
+    rank = {n: i for i, (n, _) in enumerate(src.ranking)}
+    bottom = len(rank)  # a complete source ranks what it does not list below its list, all tied
+    here = [(rank.get(n, bottom), r) for n, r in measured.items() if n in rank or src.complete]
+    concordant = discordant = 0
+    for i, (a, ra) in enumerate(here):
+        for b, rb in here[i + 1:]:
+            if a == b or ra == rb:
+                continue
+            if (a < b) == (ra < rb):
+                concordant += 1
+            else:
+                discordant += 1
+    agreement = (concordant + AGREEMENT_PRIOR) / (concordant + discordant + AGREEMENT_PRIOR)
+    return max(0.0, 2.0 * agreement - 1.0)
+
+
+DECAY = 4.0
+"""Ranks over which a source's score halves: a trusted source proposes about its best 12 (score >= ``MUTE``)."""
+
+
+def scores(sources: Sequence[Source], weights: Sequence[float]) -> dict[str, float]:
+    """Each config's weighted score: the sum over sources of ``weight / (1 + rank / DECAY)`` (their best: 1)."""
+    out: dict[str, float] = {}
+    for src, w in zip(sources, weights, strict=True):
+        for i, (n, _) in enumerate(src.ranking):
+            out[n] = out.get(n, 0.0) + w / (1.0 + i / DECAY)
+    return out
+
+
+class PriorFirst:
+    """A strategy wrapper: the priors' best configs first (re-weighted after every result), then ``inner``'s.
+
+    The inner strategy adopts the configs the priors proposed (it never proposes them again) and is told their
+    results, so a model-based one starts from them. The priors propose at most ``FIRST`` configs (and at most
+    ``SHARE`` of ``max_configs``), only while the best remaining score is at least ``MUTE``."""
+
+    def __init__(self, inner: Strategy, roster: Roster, sources: Sequence[Source], max_configs: int | None,
+                 reference: str) -> None:
+        self.inner, self.roster, self.sources = inner, roster, tuple(sources)
+        self.name, self.adaptive = inner.name, True
+        self.cap = FIRST if max_configs is None else min(FIRST, int(max_configs * SHARE))
+        self.proposed: set[str] = set()
+        self.measured: dict[str, float] = {reference: 1.0}  # every source's reference is at 1 too
+        names = {n for s in self.sources for n, _ in s.ranking}
+        found = {n: roster.position(n) for n in names}
+        self.positions = {n: p for n, p in found.items() if p is not None and roster[p].eligible
+                          and roster.locate(p)[0].space is not None}
+        self.weights = [1.0] * len(self.sources)
+
+    def ask(self, n: int) -> list[int]:
+        out: list[int] = []
+        if len(self.proposed) < self.cap:
+            score = scores(self.sources, self.weights)
+            for name in sorted(self.positions, key=lambda c: (-score.get(c, 0.0), c)):
+                if len(out) >= n or len(self.proposed) + len(out) >= self.cap or score.get(name, 0.0) < MUTE:
+                    break
+                if name not in self.proposed and self.inner.usable(self.positions[name]):
+                    out.append(self.positions[name])
+            self.proposed.update(self.roster.names[p] for p in out)
+            self.inner.adopt(out)
+            if out:
+                return out
+            self.cap = 0  # nothing worth proposing: the strategy's turn for good
+        return self.inner.ask(n)
+
+    def usable(self, position: int) -> bool:
+        return self.inner.usable(position)
+
+    def adopt(self, positions: Sequence[int]) -> None:
+        self.inner.adopt(positions)
+
+    def tell(self, results: Sequence[tuple[int, float | None]]) -> None:
+        names = self.roster.names
+        for position, ratio in results:
+            if ratio is not None and ratio > 0 and math.isfinite(ratio):
+                self.measured[names[position]] = ratio
+        if len(self.proposed) < self.cap:  # the weights order only the priors' own proposals
+            self.weights = [weight(s, self.measured) for s in self.sources]
+        self.inner.tell(results)
+
+
+_ACTIVE: contextvars.ContextVar[tuple[Source, ...]] = contextvars.ContextVar("farm_priors", default=())
+
+
+def active() -> tuple[Source, ...]:
+    """The priors of the search this thread runs (:func:`using`); empty outside ``farm.tune(priors=...)``."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def using(priors: Iterable[Any]) -> Iterator[tuple[Source, ...]]:
+    """Give the searches run inside the block ``priors`` (read by :func:`source`): ``farm.tune`` passes them to
+    the engine's search this way, so the engine's signature stays the fleet's."""
+    token = _ACTIVE.set(tuple(source(p) for p in priors))
+    try:
+        yield _ACTIVE.get()
+    finally:
+        _ACTIVE.reset(token)
