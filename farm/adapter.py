@@ -113,8 +113,8 @@ class RuntimeTrials:
         self._profiled = timing is Timing.DEVICE or self.simulated
         self._expected: tuple[int, Any] | None = None  # the reference's output: computed once, compared many times
 
-    def _run(self, index: int, inputs: Inputs) -> Any:
-        fn = self.tunable[index].fn
+    def _run(self, index: int, inputs: Inputs, fn: Callable[..., Any] | None = None) -> Any:
+        fn = self.tunable[index].fn if fn is None else fn
 
         def call() -> Any:
             with self.client.activate():
@@ -180,11 +180,12 @@ class RuntimeTrials:
             with self.client.exclusive(), tuning_scope():
                 complete(self.client)
                 before = self.device_seconds
+                fn = self.tunable[index].fn  # a space config's function is built here, outside the timed call
                 if self._profiled:
-                    out = self._run(index, inputs)
+                    out = self._run(index, inputs, fn)
                 else:  # END_TO_END: the fence after the run is part of the time
                     start = time.perf_counter()
-                    out = self._run(index, inputs)
+                    out = self._run(index, inputs, fn)
                     self.device_seconds = before + time.perf_counter() - start
                 elapsed = self.device_seconds - before
                 del out
