@@ -256,6 +256,6 @@ def test_a_group_that_failed_in_the_farm_is_a_failure_in_flower_with_the_groups_
         return [t for t in tasks.values() if t.get("name") == "farm.run_groups:uxtest_broken"
                 and t.get("state") == "FAILURE"]
 
-    (task, *_) = wait_for(failed, 30, "the failed group's task to appear in /api/tasks as FAILURE")  # ... Flower too
+    (task, *_) = wait_for(failed, 90, "the failed group's task to appear in /api/tasks as FAILURE")  # ... Flower too
     assert "groups failed in the farm" in str(task.get("exception")) and "reference" in str(task.get("exception"))
     assert "Traceback" not in f.workers[0].output()  # an expected outcome, logged as one line
