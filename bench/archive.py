@@ -1,7 +1,7 @@
 """Parquet archives at scale, against one private redis-server: 100,000 synthetic decisions (with trial rows).
 
 (a) export rate: Redis -> archive (decisions/s), and bytes per decision of the archive (all three files / n);
-(b) import rate: archive -> a fresh Redis (farm.stores.redis_batch: a thousand decisions per MULTI/EXEC) and -> a
+(b) import rate: archive -> a fresh Redis (RedisDecisions.publish_batch: a thousand decisions per MULTI/EXEC) and -> a
     fresh local cache (a new file built aside and linked into place) (decisions/s, verification included);
 (c) the runtime's first-call latency with the whole archive as its fleet tier: ArchiveStore construction + load
     (manifest, sha256, key index), then the first select() that hits one of the archive's keys (one lookup and
@@ -36,7 +36,7 @@ from farm.identity import Candidate, Problem, Scope, cache_key  # noqa: E402
 from farm.stores.archive import ArchiveStore  # noqa: E402
 from farm.stores.base import DecisionRecord, Publication  # noqa: E402
 from farm.stores.redis import RedisDecisions  # noqa: E402
-from farm_coordinator.archive import export_redis, import_cache, import_redis, load_archives  # noqa: E402
+from farm_archives.operations import export_redis, import_cache, import_redis, load_archives  # noqa: E402
 from farm_fleet.settings import Settings  # noqa: E402
 
 POLICY = farm.StackPolicy()
@@ -61,7 +61,7 @@ def trivial_set() -> farm.TunableSet:
 def signing(directory: Path) -> Any:
     """A fresh farm key pair in ``directory``: its signing key, and its public key trusted by every archive reader
     of this process (FARM_TRUSTED_KEYS), as a fleet signs and checks archives (signing is part of the cost)."""
-    from farm.stores.archive.signing import generate_keys, load_signing_key
+    from farm_archives.signing import generate_keys, load_signing_key
 
     private, public, _ = generate_keys(directory)
     os.environ["FARM_TRUSTED_KEYS"] = str(public)

@@ -21,7 +21,9 @@ from farm.stores.base import DecisionRecord, Publication  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_coordinator.dispatch import LocalDispatcher  # noqa: E402
 from farm_coordinator.fleet import LocalFleet  # noqa: E402
+from farm_coordinator.ports import Parts  # noqa: E402
 from farm_coordinator.run import tune  # noqa: E402
+from farm_coordinator.runview import ConsoleObserver  # noqa: E402
 from farm_fleet.protocol import GroupResult, GroupTask  # noqa: E402
 from farm_fleet.results import MemoryResults  # noqa: E402
 from farm_fleet.settings import Settings  # noqa: E402
@@ -42,6 +44,9 @@ class MemorySink:
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         return {p for p in problem_ids if p in self.records}
+
+    def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
+        return {p: self.records[p] for p in problem_ids if p in self.records}
 
 
 def main() -> None:
@@ -67,7 +72,8 @@ def main() -> None:
                             f"[[problems]]\noperation = \"bench_trivial\"\nworkloads = [{workloads}]\n")
             catalog = load_catalog(path, ("bench_ops",))
             started = time.perf_counter()
-            summary = tune(catalog, fleet, LocalDispatcher(execute), MemorySink(), settings, console=quiet)
+            parts = Parts(fleet, LocalDispatcher(execute), MemorySink(), observer=ConsoleObserver(quiet))
+            summary = tune(catalog, parts, settings)
             seconds = time.perf_counter() - started
             events = summary.ran + summary.published
             print(f"{n:>9} {seconds:>8.2f} {events / seconds:>9.0f}")

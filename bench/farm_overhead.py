@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,7 @@ from farm.stores.base import DecisionRecord  # noqa: E402
 from farm.stores.redis import RedisDecisions, field_for  # noqa: E402
 from farm_coordinator.catalog import load_catalog  # noqa: E402
 from farm_coordinator.run import tune  # noqa: E402
+from farm_coordinator.runview import ConsoleObserver  # noqa: E402
 from farm_fleet.settings import Settings  # noqa: E402
 
 CANDIDATES = (Candidate("reference"), Candidate("candidate"))
@@ -69,17 +71,18 @@ def main() -> None:
             from farm_cli import celery_parts
 
             parts = celery_parts(settings)
-            fleet, dispatcher = parts["fleet"], parts["dispatcher"]
             quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
+            parts = replace(parts, observer=ConsoleObserver(quiet))
+            fleet, dispatcher = parts.fleet, parts.dispatcher
 
             # (a) efficiency on the example catalog
             catalog = load_catalog(host_catalog(directory))
-            a = tune(catalog, settings=settings, console=quiet, **parts)
+            a = tune(catalog, parts, settings)
             efficiency = a.trial_seconds / (a.wall_seconds * 1)
 
             # (b) decisions/s on trivial candidates vs raw no-op tasks/s
             trivial = load_catalog(trivial_catalog(directory, args.trivial), ("bench_ops",))
-            b = tune(trivial, settings=settings, console=quiet, **parts)
+            b = tune(trivial, parts, settings)
             decisions_per_s = b.published / b.wall_seconds
             app = dispatcher.app
             queue = fleet.queue(fleet.targets()[0])

@@ -142,14 +142,13 @@ def lookups(n: int, families: int, redis_url: str | None) -> list[str]:
         out.append(f"local: nearest lookup p50 {p50 * 1e3:.3f} ms, p99 {p99 * 1e3:.3f} ms ({found}/{len(queries)} found)")
     if redis_url:
         from farm.stores.redis import KeyLayout, RedisDecisions, connect
-        from farm.stores.redis_batch import publish_batch
 
         prefix = f"bench-nearest-{secrets.token_hex(4)}"
         client = connect(redis_url)
         writer = RedisDecisions(client=client, settings=KeyLayout(prefix=prefix))
         try:
             started = time.monotonic()
-            publish_batch(writer, PublicationBatch.of(pubs[0].fingerprint, pubs))
+            writer.publish_batch(PublicationBatch.of(pubs[0].fingerprint, pubs))
             out.append(f"redis: published {n} decisions in {time.monotonic() - started:.1f} s")
             counted = _Counting(client)
             reader = RedisDecisions(client=counted, settings=KeyLayout(prefix=prefix))

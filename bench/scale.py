@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,7 @@ def child(mode: str, catalog: Path, target: str) -> None:
     from farm_cli import celery_parts, embedded_parts
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
+    from farm_coordinator.runview import ConsoleObserver
     from farm_fleet.settings import Settings
 
     cat = load_catalog(catalog, ("bench_ops",))
@@ -75,7 +77,7 @@ def child(mode: str, catalog: Path, target: str) -> None:
         broker, redis_url = target.split(" ")
         settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
         parts = celery_parts(settings)
-    summary = tune(cat, settings=settings, console=Console(file=io.StringIO()), **parts)
+    summary = tune(cat, replace(parts, observer=ConsoleObserver(Console(file=io.StringIO()))), settings)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"published": summary.published, "wall": summary.wall_seconds, "rss_mb": rss}))
 
@@ -145,7 +147,7 @@ def archive_runs(n: int, directory: Path) -> list[str]:
     from farm.stores.base import Publication
     from farm.stores.local import LocalStore
     from farm.stores.redis import RedisDecisions
-    from farm_coordinator.archive import export_redis, import_cache, import_redis, load_archives
+    from farm_archives.operations import export_redis, import_cache, import_redis, load_archives
     from farm_fleet.settings import Settings
 
     fingerprint = runtime_environment(farm.HostClient(0)).fingerprint

@@ -36,6 +36,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import farm
@@ -198,6 +199,7 @@ def run_farm(max_configs: int) -> None:
 
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
+    from farm_coordinator.runview import ConsoleObserver
     from farm_fleet.settings import Settings
 
     print(f"\nfarm: bench_space (96 configs, bench/bench_ops.py: 10-16 ms each against a 20 ms reference), random, "
@@ -221,8 +223,8 @@ def run_farm(max_configs: int) -> None:
                 from farm_cli import celery_parts
 
                 quiet = __import__("rich.console").console.Console(file=open(os.devnull, "w"))  # noqa: SIM115
-                summary = tune(load_catalog(catalog, ("bench_ops",)), settings=settings, console=quiet,
-                               **celery_parts(settings))
+                parts = replace(celery_parts(settings), observer=ConsoleObserver(quiet))
+                summary = tune(load_catalog(catalog, ("bench_ops",)), parts, settings)
             finally:
                 for worker in started:
                     worker.stop()

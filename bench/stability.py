@@ -30,7 +30,8 @@ from servers import farm_env, redis_server, start_worker, wait_worker_ready  # n
 from farm.environment import runtime_environment  # noqa: E402
 from farm.runtimes.host import HostClient, host_regime, limit_threads  # noqa: E402
 from farm_coordinator.catalog import Catalog, load_catalog  # noqa: E402
-from farm_coordinator.run import RunSummary, tune  # noqa: E402
+from farm_coordinator.run import RunOptions, RunSummary, tune  # noqa: E402
+from farm_coordinator.runview import ConsoleObserver  # noqa: E402
 from farm_fleet.settings import Settings  # noqa: E402
 
 CLEAR_GAP = 0.10
@@ -138,7 +139,8 @@ def main() -> None:
             from farm_cli import celery_parts, embedded_parts
 
             farm_fingerprints = sorted(redis.client(1).hgetall(settings.fingerprints_key))
-            on_farm = tune(catalog, settings=settings, console=quiet, force=True, **celery_parts(settings))
+            on_farm = tune(catalog, dataclasses.replace(celery_parts(settings), observer=ConsoleObserver(quiet)), settings,
+                           RunOptions(force=True))
         finally:
             for w in workers:
                 w.stop()
@@ -148,7 +150,7 @@ def main() -> None:
         digest = runtime_environment(HostClient(0)).digest
         local = Settings.from_env(env)
         parts = embedded_parts(local, ("cpu:0",), directory / "cache", ())
-        embedded = tune(catalog, settings=local, console=quiet, force=True, **parts)
+        embedded = tune(catalog, dataclasses.replace(parts, observer=ConsoleObserver(quiet)), local, RunOptions(force=True))
 
     rows = compare(outcomes(on_farm), outcomes(embedded))
     print(f"stability: {len(rows)} host problems of examples/catalog.toml{' (--quick)' if args.quick else ''}, "

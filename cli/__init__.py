@@ -21,11 +21,11 @@ from farm.errors import FarmError
 from farm_cli.devices import check_device
 from farm_cli.errors import BROKER_SCHEMES, EXIT_FAILED, EXIT_INTERRUPTED, REDIS_SCHEMES, check_url, errors
 from farm_cli.logs import LEVELS, setup_logging
-from farm_cli.parts import Parts, celery_parts, compile_stage, embedded_parts, reachable
+from farm_cli.parts import celery_parts, compile_stage, embedded_parts, reachable
 from farm_fleet.settings import Settings
 
 if TYPE_CHECKING:  # types only
-    from farm_coordinator.ports import ProgressHook
+    from farm_coordinator.ports import Parts, RunObserver
 
 KERNELS_HELP = ("Import operations from this module (repeatable; it must be importable: installed, or on "
                 "PYTHONPATH). Also loaded: the farm.kernels entry points.")
@@ -117,6 +117,11 @@ def main() -> None:
 @_redis(help="Decisions/results Redis URL (with --broker).")
 @click.option("--fingerprint", help="Only this fingerprint (digest or prefix).")
 @click.option("--force", is_flag=True, help="Re-tune problems that already have a decision.")
+@click.option("--no-priors", is_flag=True, help="Search every space from nothing: no other fingerprints' decisions "
+              "of the same problem family seed it (docs/spaces.md, Priors).")
+@click.option("--priors-from", "priors_from", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="Archive directory (farm archive export) where priors are looked up too, after the decision store "
+                   "(repeatable).")
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP)
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".farm-cache"),
               show_default=True, help="Embedded farm: where decisions are written (the runtime's cache_directory).")
@@ -133,10 +138,14 @@ def main() -> None:
               "(default: each CUDA fingerprint's). See docs/compile.md.")
 @click.option("--kernel-cache-dir", type=click.Path(file_okay=False, path_type=Path), help="Kernel cache directory "
               "for that compile stage (default: the fleet's Redis; embedded: $FARM_KERNEL_CACHE or ~/.cache/farm/kernels).")
+@click.option("--budget-device-seconds", "run_budget", type=float, help="Spend at most this many device seconds on "
+              "the whole run, each on the problem where the fleet saves the most (default: the catalog's [policy] "
+              "run_budget, else no limit). See docs/farm.md, The run budget.")
 def tune(catalog: Path | None, broker: str | None, redis_url: str | None, fingerprint: str | None, force: bool,
          kernels: tuple[str, ...], cache_dir: Path, devices: tuple[str, ...], run_id: str | None,
          timeout: float | None, as_json: bool, loglevel: str, log_json: bool, from_fleet: bool, arch: str | None,
-         kernel_cache_dir: Path | None) -> None:
+         kernel_cache_dir: Path | None, no_priors: bool, run_budget: float | None,
+         priors_from: tuple[str, ...]) -> None:
     """Tune every problem of CATALOG on the fleet (or, without --broker, on this machine).
 
     Exit status 0 when every problem has a decision, 1 when some failed (rerun the same command to retry them;
@@ -145,16 +154,20 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
 
     from farm_cli import summary as report
     from farm_cli.progress import LogProgress, TerminalProgress
-    from farm_coordinator.catalog import load_catalog
+    from farm_coordinator.catalog import load_catalog, parse_run_budget
+    from farm_coordinator.ports import RunOptions
     from farm_coordinator.run import new_run_id
+    from farm_coordinator.run import tune as run_tune
+    from farm_coordinator.runlog import RedisRunLog
 
     setup_logging(loglevel, log_json)
     run_id = run_id or new_run_id()
     stderr = Console(stderr=True)
-    progress: ProgressHook = TerminalProgress(stderr) if stderr.is_terminal and not log_json else LogProgress()
+    progress: RunObserver = TerminalProgress(stderr) if stderr.is_terminal and not log_json else LogProgress()
     again = f"rerun `farm tune {catalog}` with the same options (add --run {run_id} to continue this run)"
     parts: Parts | None = None
-    with errors(interrupted_hint=f"{again}: finished groups are reused and published decisions are kept"):
+    with errors(interrupted_hint=f"run the same command again to resume ({again}): finished groups are reused and "
+                                 "published decisions are kept"):
         try:
             settings = Settings.from_env(broker_url=broker, redis_url=redis_url)
             _check(broker, redis_url)
@@ -171,20 +184,23 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
 
                 check_arch(arch)  # before the catalog and the servers, as farm compile does
             cat = load_catalog(catalog, kernels) if catalog is not None and not from_fleet else None
+            budget = parse_run_budget(run_budget, "farm tune", "--budget-device-seconds")
             parts = celery_parts(settings) if broker else embedded_parts(settings, devices, cache_dir, kernels)
-            parts = replace(parts, precompile=compile_stage(settings, bool(broker), arch, kernel_cache_dir, devices))
-            if parts.runlog is not None:  # a fleet run: count into the farm's metrics (farm metrics serves them)
+            if isinstance(parts.runlog, RedisRunLog):  # a fleet run: count into the farm's metrics (farm metrics)
                 from farm_coordinator.metrics import RunMetrics
 
                 progress = RunMetrics(parts.runlog.client, settings, progress)
+            parts = replace(parts, precompile=compile_stage(settings, bool(broker), arch, kernel_cache_dir, devices),
+                            observer=progress)
             if from_fleet:
                 from farm_cli.feedback import from_fleet as tune_fleet_reports
 
-                tune_fleet_reports(catalog, settings, parts, kernels, progress, run_id, timeout, as_json)
+                tune_fleet_reports(catalog, settings, parts, kernels, run_id, timeout, as_json)
                 return
             assert cat is not None
-            summary = parts.tune(cat, settings, run=run_id, force=force, fingerprint=fingerprint, timeout=timeout,
-                                 progress=progress)
+            options = RunOptions(run=run_id, force=force, fingerprint=fingerprint, timeout=timeout,
+                                 priors=not no_priors, prior_archives=priors_from, budget_device_seconds=budget)
+            summary = run_tune(cat, parts, settings, options)
         except BaseException as e:
             interrupted = isinstance(e, KeyboardInterrupt) or getattr(e, "exit_code", None) == 130
             _abandon(parts, run_id, progress, "interrupted" if interrupted else "failed")
@@ -209,6 +225,8 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
                    f"{summary.decided_before} problems reused from earlier runs"
                    f"{', add --force to re-tune them' if summary.decided_before else ''})")
         click.echo(report.cost_line(summary))
+        for line in report.budget_lines(summary):
+            click.echo(line)
     for line in failed:
         click.echo(f"farm: failed: {line}", err=True)
     if failed:
@@ -218,8 +236,10 @@ def tune(catalog: Path | None, broker: str | None, redis_url: str | None, finger
 
 def _abandon(parts: Parts | None, run_id: str, progress: Any, state: str) -> None:
     """Best effort: record the run as not running any more, so `farm status` does not show it running."""
+    from farm_coordinator.runlog import RedisRunLog
+
     runlog = parts.runlog if parts is not None else None
-    if runlog is None:
+    if not isinstance(runlog, RedisRunLog):  # the embedded farm keeps no run log
         return
     try:
         counts = progress.counts
@@ -311,7 +331,8 @@ def unban(redis_url: str, problem_id: str, candidate: str | None) -> None:
     click.echo(f"{lifted} ban(s) lifted for problem {problem_id}")
 
 
-NUMERIC = {"pid": int, "updated": float, "started": float, "groups": int, "done": int, "published": int}
+NUMERIC = {"pid": int, "updated": float, "started": float, "groups": int, "done": int, "published": int,
+           "partial": int}
 
 
 def numbers(data: Any) -> Any:
@@ -335,12 +356,19 @@ def numbers(data: Any) -> Any:
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="The HTML file to write.")
 @click.option("--title", help="The page title (default: names the archive and its device models).")
 @click.option("--kernels", "kernels", multiple=True, help=KERNELS_HELP + " Labels their workloads as `farm tune` does.")
-def report(archive: Path, out: Path, title: str | None, kernels: tuple[str, ...]) -> None:
-    """Write a self-contained HTML report of an archive's decisions: why each kernel won."""
-    from farm_coordinator.report import write_report
+@click.option("--catalog", type=click.Path(dir_okay=False, path_type=Path), help="Weigh each problem's saving by "
+              "this catalog's weights (default: 1 each). See docs/farm.md, The run budget.")
+def report(archive: Path, out: Path, title: str | None, kernels: tuple[str, ...], catalog: Path | None) -> None:
+    """Write a self-contained HTML report of an archive's decisions: why each kernel won, and what the searches
+    bought (the fleet time saved per hour, weighted)."""
+    from farm_coordinator.report import catalog_weights, write_report
 
+    bought: list[str] = []
     with errors():
-        count = write_report(archive, out, title, kernels)
+        weights = catalog_weights(catalog, kernels) if catalog is not None else None
+        count = write_report(archive, out, title, kernels, weights, bought)
+    for line in bought:
+        click.echo(line)
     click.echo(f"{count} problems written to {out}")
 
 
@@ -389,7 +417,11 @@ from farm_cli import compile as _compile  # noqa: E402  (registers `farm compile
 
 main.add_command(_compile.compile_command)
 
+from farm_cli import catalog as _catalog  # noqa: E402  (registers `farm catalog`)
+
+main.add_command(_catalog.catalog)
+
 if __name__ == "__main__":
     main()
 
-__all__ = ["EXIT_INTERRUPTED", "Parts", "celery_parts", "embedded_parts", "main"]
+__all__ = ["EXIT_INTERRUPTED", "celery_parts", "embedded_parts", "main"]

@@ -78,7 +78,7 @@ def _trust_options(f: Any) -> Any:
 
 def _signer(path: Path | None) -> Any:
     """The signing key of ``path``; None without one (the command then warns: ``_unsigned_written``)."""
-    from farm.stores.archive import load_signing_key
+    from farm_archives.signing import load_signing_key
 
     return None if path is None else load_signing_key(path)
 
@@ -128,7 +128,7 @@ def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path |
                    fingerprint: str | None, signing_key: Path | None) -> None:
     """Write the decisions of every fingerprint (or one) to OUT/<digest>/, atomically per fingerprint, each
     archive's manifest signed with --signing-key."""
-    from farm_coordinator.archive import export_cache, export_redis
+    from farm_archives.export import export_cache, export_redis
 
     redis_url = _redis_source(ctx, redis_url, from_cache)
     with _archive_errors():
@@ -167,8 +167,11 @@ def archive_export(ctx: click.Context, redis_url: str | None, from_cache: Path |
                                     "default: each archive's own.")
 @click.option("--device", default="cpu:0", show_default=True,
               help="With --into-cache: the device (cpu:N, cuda:N) whose runtime fingerprint the archive must match.")
-@click.option("--force", is_flag=True, help="Import despite a fingerprint mismatch, re-keying the decisions to the "
-                                            "target fingerprint. Never overrides a corrupt archive.")
+@click.option("--force", is_flag=True, help="For the rare case where an archive's measurements are known to hold "
+                                            "under another fingerprint: import despite a fingerprint mismatch, "
+                                            "re-keying every decision to the target fingerprint (they were measured "
+                                            "in the archive's regime; the refusal names the fields that differ and "
+                                            "the usual fix). Never overrides a corrupt archive.")
 @_trust_options
 @click.pass_context
 def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None, into_cache: Path | None,
@@ -176,7 +179,7 @@ def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None,
                    allow_unsigned: bool) -> None:
     """Import ARCHIVE_DIR (one archive folder or a folder of them): every signature is checked against the trusted
     keys and everything verified first, then all of it is written at once, or nothing is."""
-    from farm_coordinator.archive import import_cache, import_redis, load_archives
+    from farm_archives.imports import import_cache, import_redis, load_archives
 
     redis_url = _redis_source(ctx, redis_url, into_cache)
     with _archive_errors():
@@ -207,8 +210,10 @@ def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None,
         click.echo(f"imported archive {r.digest} into {where}: {r.decisions} decisions ({r.new} new, {r.replaced} "
                    f"replaced, {r.kept} kept: the stored record won under the replacement rule)")
         if r.forced:
+            measured = "" if r.differences is None else (f" (measured with {r.differences[0]}; filed under "
+                                                         f"{r.differences[1]})")
             click.echo(f"farm: warning: fingerprint check overridden by --force: archive {r.digest} was re-keyed to "
-                       f"fingerprint {r.target_digest}", err=True)
+                       f"fingerprint {r.target_digest}{measured}", err=True)
         for note in r.notes:
             click.echo(f"farm: warning: {note}", err=True)
 
@@ -219,7 +224,8 @@ def archive_import(ctx: click.Context, archive_dir: Path, redis_url: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON instead of a table.")
 def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> None:
     """Verify ARCHIVE_DIR and show its decisions."""
-    from farm_coordinator.archive import inspect_rows, inspect_table, read_archives
+    from farm_archives.operations import inspect_rows, inspect_table, read_archives
+    from farm_coordinator.catalog import workload_label
 
     with _archive_errors():
         archives = read_archives(archive_dir)
@@ -233,7 +239,7 @@ def archive_inspect(archive_dir: Path, operation: str | None, as_json: bool) -> 
     if as_json:
         click.echo(json.dumps(rows, indent=1))
     else:
-        _console().print(inspect_table(archives, rows))
+        _console().print(inspect_table(archives, rows, workload_label))
 
 
 @archive.command("merge")
@@ -245,7 +251,7 @@ def archive_merge(out: Path, inputs: tuple[Path, ...], signing_key: Path | None,
                   allow_unsigned: bool) -> None:
     """Merge archives of one fingerprint into OUT/<digest>/ under the replacement rule. A signed merge vouches for
     its inputs: each must then be signed by a trusted key (or be allowed unsigned)."""
-    from farm_coordinator.archive import merge_archives
+    from farm_archives.operations import merge_archives
 
     with _archive_errors():
         if len(inputs) < 2:
@@ -266,11 +272,12 @@ def archive_merge(out: Path, inputs: tuple[Path, ...], signing_key: Path | None,
 def archive_diff(a: Path, b: Path, as_json: bool) -> None:
     """What changed from archive A to archive B: new, dropped and changed winners, and the same winners with
     another ratio, verification or confirmation (a new creation time alone is no change)."""
-    from farm_coordinator.archive import diff_archives, diff_table
+    from farm_archives.operations import diff_archives, diff_table
+    from farm_coordinator.catalog import workload_label
 
     with _archive_errors():
         diff = diff_archives(a, b)
     if as_json:
         click.echo(json.dumps(diff.to_json(), indent=1))
     else:
-        _console().print(diff_table(diff))
+        _console().print(diff_table(diff, workload_label))

@@ -49,9 +49,9 @@ def compile_command(catalog: Path, arch: str, cache_dir: Path | None, redis_url:
         if broker:
             if not redis_url:
                 raise click.UsageError("--broker compiles on the fleet, whose kernel cache is --redis: give both")
+            from farm_coordinator.compilefleet import compile_on_fleet
             from farm_fleet.settings import Settings
             from farm_kernels.cuda.compile import jobs_for
-            from farm_workers.compile import compile_on_fleet
 
             summary = compile_on_fleet(jobs_for(sets, arch), Settings.from_env(broker_url=broker, redis_url=redis_url),
                                        timeout, cache)

@@ -72,7 +72,10 @@ def errors(interrupted_hint: str | None = None) -> Iterator[None]:
         yield
     except FarmError as error:
         if getattr(error, "exit_code", None) == EXIT_INTERRUPTED:  # the run's own Ctrl-C (RunInterrupted)
-            click.echo(f"\nfarm: interrupted ({error})" + (f"; {interrupted_hint}" if interrupted_hint else ""), err=True)
+            # The resume advice once: the caller's (it names the command) in place of the error's own.
+            said = getattr(error, "headline", None) if interrupted_hint else None
+            click.echo(f"\nfarm: interrupted ({said or error})" + (f"; {interrupted_hint}" if interrupted_hint else ""),
+                       err=True)
             sys.exit(EXIT_INTERRUPTED)
         fail(str(error))
     except KeyboardInterrupt:

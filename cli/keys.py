@@ -21,7 +21,7 @@ def keys() -> None:
 @click.option("--name", default="farm", show_default=True, help="The key's file name and comment.")
 def keys_init(directory: Path, name: str) -> None:
     """Create a new key pair; an existing key is never overwritten."""
-    from farm.stores.archive import generate_keys
+    from farm_archives.signing import generate_keys
 
     with errors():
         private, public, key = generate_keys(directory, name)
@@ -54,7 +54,8 @@ def _keep_out_of_git(directory: Path) -> Path | None:
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 def keys_show(path: Path) -> None:
     """Print the key id and public key line of PATH: a private key, or a file of public keys."""
-    from farm.stores.archive import load_signing_key, read_trusted_keys
+    from farm.stores.archive.signing import read_trusted_keys
+    from farm_archives.signing import load_signing_key
 
     with errors():
         text = path.read_bytes()[:64] if path.is_file() else b""

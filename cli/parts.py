@@ -1,57 +1,19 @@
-"""The coordinator's parts, wired here (the composition root): a Celery fleet, or the embedded farm."""
+"""The coordinator's parts (``farm_coordinator.ports.Parts``), wired here (the composition root): a Celery fleet,
+or the embedded farm."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
 from farm_fleet.settings import Settings
 
 if TYPE_CHECKING:  # types only: the parts are imported where they are built
-    from farm_coordinator.catalog import Catalog
-    from farm_coordinator.dispatch import Dispatcher
-    from farm_coordinator.ports import Bans
+    from farm_coordinator.ports import Parts
     from farm_coordinator.precompile import Precompiler
-    from farm_coordinator.run import Fleet, Leases, Results, RunSummary
-    from farm_coordinator.runlog import RedisRunLog
-    from farm_coordinator.sinks import Sink
 
-__all__ = ["Parts", "celery_parts", "compile_stage", "embedded_parts", "reachable"]
-
-
-@dataclass(frozen=True)
-class Parts:
-    """What ``farm_coordinator.run.tune`` runs on besides the catalog and the settings. A Celery fleet has every
-    part; the embedded farm has no leases, shared results, run log or bans (None). ``precompile``: the compile stage
-    run before any group is sent (:func:`compile_stage`), None for none."""
-
-    fleet: Fleet
-    dispatcher: Dispatcher
-    sink: Sink
-    leases: Leases | None = None
-    results: Results | None = None
-    runlog: RedisRunLog | None = None
-    bans: Bans | None = None
-    precompile: Precompiler | None = None
-
-    def keys(self) -> list[str]:
-        """The parts this farm has (the fields not None): with :meth:`__getitem__`, ``tune(catalog,
-        settings=settings, **parts)`` passes them as keyword arguments."""
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
-
-    def __getitem__(self, name: str) -> object:
-        if name not in self.keys():
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def tune(self, catalog: Catalog, settings: Settings, **options: Any) -> RunSummary:
-        """``farm_coordinator.run.tune`` on these parts; ``options`` are its keyword options (run, force, ...)."""
-        from farm_coordinator.run import tune
-
-        return tune(catalog, self.fleet, self.dispatcher, self.sink, settings, leases=self.leases,
-                    results=self.results, runlog=self.runlog, bans=self.bans, precompile=self.precompile, **options)
+__all__ = ["celery_parts", "compile_stage", "embedded_parts", "reachable"]
 
 
 def reachable(settings: Settings) -> None:
@@ -101,22 +63,24 @@ def celery_parts(settings: Settings) -> Parts:
     from farm_coordinator.dispatch import CeleryDispatcher
     from farm_coordinator.fleet import RedisFleet
     from farm_coordinator.leases import RedisLeases
+    from farm_coordinator.ports import Parts
     from farm_coordinator.runlog import RedisRunLog
-    from farm_coordinator.sinks import RedisSink
     from farm_fleet.celeryconf import celery_config
     from farm_fleet.results import RedisResults
 
     if not settings.redis_url:
         raise FarmError("--redis (or FARM_REDIS_URL) is required with --broker")
     reachable(settings)
-    app = Celery("farm-coordinator", set_as_current=False)
+    from farm_coordinator.tasknames import OperationNamedAMQP
+
+    app = Celery("farm-coordinator", set_as_current=False, amqp=OperationNamedAMQP)  # one task name in Flower
     app.conf.update(celery_config(settings))
     client = connect(settings.redis_url, timeout=10.0)
     results = RedisResults(client, settings)
     return Parts(
         fleet=RedisFleet(client, settings),
         dispatcher=CeleryDispatcher(app, results, settings),
-        sink=RedisSink(RedisDecisions(client=client, settings=settings)),
+        sink=RedisDecisions(client=client, settings=settings),
         leases=RedisLeases(client, settings),
         results=results,
         runlog=RedisRunLog(client, settings),
@@ -126,9 +90,10 @@ def celery_parts(settings: Settings) -> Parts:
 
 def embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path, kernels: tuple[str, ...]) -> Parts:
     """The embedded farm's parts: local devices, in-process dispatch of the workers' task code, a cache dir."""
+    from farm.stores.local import FARM, LocalStore
     from farm_coordinator.dispatch import LocalDispatcher
     from farm_coordinator.fleet import LocalFleet
-    from farm_coordinator.sinks import DirectorySink
+    from farm_coordinator.ports import Parts
     from farm_fleet.protocol import GroupResult, GroupTask
     from farm_fleet.results import MemoryResults
     from farm_kernels.recorded import client_for, worker_name
@@ -151,7 +116,8 @@ def embedded_parts(settings: Settings, devices: tuple[str, ...], cache_dir: Path
         results.discard([task.key])
         return result
 
-    return Parts(fleet=fleet, dispatcher=LocalDispatcher(execute), sink=DirectorySink(cache_dir))
+    # The cache StackTuner(cache_directory=...) reads, written as the farm: its capacity never prunes these records.
+    return Parts(fleet=fleet, dispatcher=LocalDispatcher(execute), sink=LocalStore(cache_dir, owner=FARM))
 
 
 def compile_stage(settings: Settings, fleet: bool, arch: str | None, kernel_cache_dir: Path | None = None,

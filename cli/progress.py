@@ -1,9 +1,9 @@
 """Progress of a tuning run: a live bar on a terminal, periodic one-line log records otherwise.
 
 Both count what the run's summary counts: problems published, failed and reused (already decided), plus trials.
-They implement the coordinator's progress hook (``farm_coordinator.run.tune(progress=...)``): ``started`` once,
-``group_done`` per finished candidate group, ``problem_done`` per settled problem (with its aggregate when the
-run decided it), ``finished`` once.
+They are the run's observer (``farm_coordinator.ports.RunObserver``, given as ``Parts.observer``): ``started``
+once, ``group_done`` per finished candidate group, ``problem_done`` per settled problem (with its aggregate when
+the run decided it), ``finished`` (or ``stopped``) once; the run's notes go to the stderr console.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only
     from farm_coordinator.aggregate import Aggregate
+    from farm_coordinator.ports import RunEvent
 
 log = logging.getLogger("farm.coordinator")
 
@@ -68,10 +69,11 @@ class Counts:
 class LogProgress:
     """One INFO record at the start, then at most one every ``every`` seconds, and one at the end."""
 
-    def __init__(self, every: float = 10.0) -> None:
+    def __init__(self, every: float = 10.0, console: Any = None) -> None:
         self.counts = Counts()
         self.every = every
         self._last = 0.0
+        self.console = console  # where notes go (None: a stderr console, made at the first note)
 
     def started(self, run: str, problems: int, reused: int, trials: int) -> None:
         self.counts = Counts(run, problems, trials)
@@ -92,9 +94,28 @@ class LogProgress:
     def compiled(self, seconds: float) -> None:
         """Nothing to show: the compile stage's notes are on the console, its seconds in the closing summary."""
 
+    def event(self, event: RunEvent) -> None:
+        """Nothing to show: the counts above are what a display shows."""
+
+    def note(self, message: str) -> None:
+        """A line for the operator (the compile stage's notes, an outage), on the stderr console."""
+        if self.console is None:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+        self.console.log(message, markup=False)
+
+    def planned(self, trials: int) -> None:
+        """The search planned ``trials`` more (a space strategy's own groups, asked as it goes)."""
+        self.counts.trials_total += trials
+
     def finished(self) -> None:
         log.info("%s (finished%s)", self.counts.line(), self.counts.why_fewer(),
                  extra={"progress": self.counts.fields()})
+
+    def stopped(self) -> None:
+        """The run ended early (Ctrl-C): the counts so far, never "finished" (the resume advice is the CLI's)."""
+        log.info("%s (stopped)", self.counts.line(), extra={"progress": self.counts.fields()})
 
     def _maybe_log(self) -> None:
         now = time.monotonic()
@@ -107,7 +128,7 @@ class TerminalProgress(LogProgress):
     """A rich bar of problems settled out of all problems, with the counts and trials beside it."""
 
     def __init__(self, console: Any) -> None:
-        super().__init__()
+        super().__init__(console=console)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -132,6 +153,10 @@ class TerminalProgress(LogProgress):
         self.counts.settled[outcome] = self.counts.settled.get(outcome, 0) + 1
         self.counts.count(aggregate)
         self._refresh()
+
+    def stopped(self) -> None:
+        self._refresh()
+        self.bar.stop()
 
     def finished(self) -> None:
         self._refresh()

@@ -17,6 +17,7 @@ from farm.policy import StackPolicy
 from farm.stores.base import DecisionRecord
 from farm.strategies import effort
 from farm_coordinator.catalog import workload_label
+from farm_coordinator.partial import describe, is_partial
 from farm_coordinator.sinks import Sink
 
 LEGEND = (
@@ -25,7 +26,9 @@ LEGEND = (
     "(slower, noisy, wrong output, or skipped). confirmation: confirmed = a second device of the fingerprint\n"
     "reproduced the win; failed = the second device did not confirm it, so the reference stays; unconfirmed = the\n"
     "win is published without a second device's confirmation, for the reason shown after it (no second device\n"
-    "online, the confirmation did not decide a win, the confirming worker went away, the timeout)."
+    "online, the confirmation did not decide a win, the confirming worker went away, the timeout).\n"
+    "partial: the budget stopped the search before every candidate was tried; the winner is the best found so far\n"
+    "(applications are served it) and the next `farm tune` continues the search instead of reusing it."
 )
 TABLE_ROWS = 1000  # rows the table shows at most (every failure is listed on stderr; --json lists every decision)
 READ_CHUNK = 500  # records read back per sink call
@@ -59,6 +62,7 @@ def rows(summary: Any, sink: Sink, policy: StackPolicy | None = None) -> list[di
                    confirmation=confirmation_text(str(record.meta.get("confirmation") or "-")),
                    lost=sum(1 for c in candidates if not str(c.get("note", "")).startswith("selected")),
                    effort=space_effort(record, policy), partial=partial_search(record, policy),
+                   cut=describe(record.meta),
                    device_seconds=record.meta.get("device_seconds"), compile_seconds=record.meta.get("compile_seconds"))
     return out
 
@@ -69,6 +73,14 @@ def cost_line(summary: Any) -> str:
     charged (off the devices); each published decision's meta holds its own share."""
     return (f"cost: device {summary.device_seconds:.1f} s, compile {summary.compile_seconds:.1f} s "
             "(recorded with each decision)")
+
+
+def budget_lines(summary: Any) -> list[str]:
+    """What the run's budget bought (``farm_coordinator.runbudget.Spent.lines``), none without a run budget."""
+    from farm_coordinator.runbudget import Spent
+
+    spent = getattr(summary, "budget", None)
+    return spent.lines() if isinstance(spent, Spent) else []
 
 
 def problem_cost(row: dict[str, Any]) -> str:
@@ -86,7 +98,7 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
     meta = record.meta
     if isinstance(meta.get("evaluated"), int) and isinstance(meta.get("space_size"), int):
         return effort(meta["evaluated"], meta["space_size"], str(meta.get("strategy")), meta.get("seed"),
-                      meta.get("incremental") is True) + budget_cut(record, policy)
+                      meta.get("incremental") is True) + ("" if is_partial(meta) else budget_cut(record, policy))
     try:
         from farm_kernels import recorded
 
@@ -99,7 +111,7 @@ def space_effort(record: DecisionRecord, policy: StackPolicy | None = None) -> s
              if not str(c.get("note", "")).startswith("not tried")]  # the budget's cut: not evaluated
     judged = sum(1 for n in names if any(s.parse(n) is not None for s in spaces))
     strategy, seed = (policy.strategy, policy.seed) if policy is not None else ("exhaustive", None)
-    return effort(judged, sum(s.size for s in spaces), strategy, seed) + budget_cut(record, policy)
+    return effort(judged, sum(s.size for s in spaces), strategy, seed) + ("" if is_partial(meta) else budget_cut(record, policy))
 
 
 def budget_cut(record: DecisionRecord, policy: StackPolicy | None = None) -> str:
@@ -153,13 +165,15 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
 
     failed = len(failures(all_rows))
     reused = sum(1 for r in all_rows if r["source"] == "reused")
-    t = Table(title=escape(f"run {summary.run}: {len(all_rows)} problems: {summary.published} tuned and published, "
-                           f"{reused} reused, {failed} failed"))
+    cut = sum(1 for r in all_rows if r.get("cut"))
+    t = Table(title=escape(f"run {summary.run}: {len(all_rows)} problems: {summary.published} tuned and published"
+                           f"{f' ({cut} partial)' if cut else ''}, {reused} reused, {failed} failed"))
     for column in ("fingerprint", "operation", "workload", "source", "winner", "ratio", "verified", "confirmation",
                    "lost"):
         t.add_column(column, no_wrap=column not in ("workload", "confirmation"), justify="right" if column in ("ratio", "lost") else "left")
     for r in all_rows[:TABLE_ROWS]:
-        head = [escape(str(v)) for v in (r["fingerprint"][:8], r["operation"], r["workload"], r["source"])]
+        source = f"{r['source']}, partial" if r.get("cut") else r["source"]
+        head = [escape(str(v)) for v in (r["fingerprint"][:8], r["operation"], r["workload"], source)]
         if r["error"] is not None:
             t.add_row(*head, "[red]failed[/red]", "-", "-", "-", "-")
             continue
@@ -168,8 +182,8 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
             continue
         t.add_row(*head, escape(r["winner"]), f"{r['ratio']:.3f}", "yes" if r["verified"] else "no", escape(r["confirmation"]),
                   str(r["lost"]))
-    spaced = [f"{r['operation']} {r['workload']}: {r['effort']}{problem_cost(r)}" for r in all_rows[:TABLE_ROWS]
-              if r.get("effort") and r.get("partial")]
+    spaced = [f"{r['operation']} {r['workload']}: {_said(r)}{problem_cost(r)}" for r in all_rows[:TABLE_ROWS]
+              if r.get("cut") or (r.get("effort") and r.get("partial"))]
     if len(spaced) > SPACE_LINES:
         spaced = [*spaced[:SPACE_LINES], f"... and {len(spaced) - SPACE_LINES:,} more problems tuned over spaces"]
     if len(all_rows) > TABLE_ROWS:
@@ -180,6 +194,12 @@ def table(summary: Any, all_rows: list[dict[str, Any]]) -> Any:
     return t
 
 
+def _said(row: dict[str, Any]) -> str:
+    """A row's line under the table: the search's effort, and for a partial decision what the budget left out, why
+    and what changes it (``farm_coordinator.partial.describe``)."""
+    return "; ".join(part for part in (row.get("effort"), row.get("cut")) if part)
+
+
 def failures(all_rows: list[dict[str, Any]]) -> list[str]:
     """One line per failed problem: where, and why."""
     return [f"{r['fingerprint'][:8]} {r['operation']} {r['workload']}: {r['error'] or 'no decision'}"
@@ -188,10 +208,11 @@ def failures(all_rows: list[dict[str, Any]]) -> list[str]:
 
 def as_json(summary: Any, all_rows: list[dict[str, Any]], sink: Sink) -> Iterator[str]:
     """The decisions as one JSON document, in pieces (records read back again, a chunk at a time)."""
-    head = {"run": summary.run, "published": summary.published,
+    head = {"run": summary.run, "published": summary.published, "partial": getattr(summary, "partial", 0),
             "reused": sum(1 for r in all_rows if r["source"] == "reused"),
             "failed": len(failures(all_rows)), "wall_seconds": summary.wall_seconds,
-            "device_seconds": summary.device_seconds, "compile_seconds": summary.compile_seconds}
+            "device_seconds": summary.device_seconds, "compile_seconds": summary.compile_seconds,
+            "budget": summary.budget.to_dict() if hasattr(getattr(summary, "budget", None), "to_dict") else None}
     yield json.dumps(head, indent=1)[:-2] + ',\n "decisions": ['
     for i, (r, record) in enumerate(with_records(sink, all_rows)):
         decision = {k: r[k] for k in ("operation", "spec", "workload", "fingerprint", "source")}

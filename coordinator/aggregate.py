@@ -18,7 +18,9 @@ from farm.scoring import Standing, judge
 from farm.stores.archive.schema import TRIAL_FIELDS as ARCHIVE_TRIAL_FIELDS
 from farm.stores.base import DecisionRecord
 from farm.trials import CandidateReport, Outcome, TrialVerdict, decide
+from farm_coordinator.partial import carried, partial_meta
 from farm_coordinator.plan import PlannedProblem
+from farm_coordinator.priors import fleet_meta
 from farm_coordinator.racing import settled
 from farm_fleet.protocol import (
     SET_DIFFERS,
@@ -32,17 +34,23 @@ from farm_fleet.protocol import (
 META_FIELDS = (
     "run", "problem_id", "operation", "device_kind", "spec", "fingerprint", "reference", "relative_mad", "samples",
     "accuracy_key", "farm_version", "workers", "candidates", "tuned_by", "confirmation", "confirmed_by",
-    "confirmation_ratio", "rejected_winner", "device_seconds", "compile_seconds",
+    "confirmation_ratio", "rejected_winner", "device_seconds", "compile_seconds", "partial", "continues",
 )
 # The search's cost (SEMANTICS, "device seconds are the cost"): ``device_seconds``, what its groups' runs took on
 # their devices (every group and the confirmation: validation, warm-ups, timed runs); ``compile_seconds``, what the
 # run's compile stage charged to this problem (a replay target's recorded compile time, ``farm_coordinator.
 # precompile``; 0 when the stage's time cannot be told per problem: the run's summary has it then).
+# ``partial``: None for a search that judged every planned candidate, else what the budget (or the run's stop) left
+# not tried, why and what changes it (``farm_coordinator.partial``); ``continues``: the run whose partial decision
+# this search continued (its verdicts are carried forward in ``candidates``, each with ``from_run``), or None.
 # A problem tuned over a space adds the search's effort (as the in-process search records it, farm.spacesearch):
 # the run's strategy, seed and max_configs, the space configs judged and how many its spaces declare, the value
 # lists a complete search covered (None: not complete), the winner's name and whether the search was incremental
 # (a grown space: only the configs its family's earlier search lacked, against the stored winner).
-SPACE_FIELDS = ("strategy", "seed", "max_configs", "evaluated", "space_size", "covered", "winner", "incremental")
+# With the fleet priors' members (farm_coordinator.priors.fleet_meta): the family's id across fingerprints, the
+# priors the search started from and its best configs ranked, what another SKU's search reads.
+SPACE_FIELDS = ("strategy", "seed", "max_configs", "evaluated", "space_size", "covered", "winner", "incremental",
+                "fleet_family", "priors", "ranked")
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     """The decision of a problem from its group results ``told`` (every group of its search answered), by the
     in-process rule. ``asked``: the candidates of groups the plan does not name (a strategy's own groups).
     ``compile_seconds``: what the run's compile stage charged to this problem (its meta records it)."""
-    told = settled(told)  # a race's configs: dropped unless the winner's final verdict (farm_coordinator.racing)
+    raw, told = told, settled(told)  # a race's configs: dropped unless the winner's final verdict (farm_coordinator.racing)
     planned = [t.group for t in problem.tasks]
     order = [g for g in planned if g in told] + [g for g in told if g not in planned]
     by_group: dict[str, GroupResult] = {g: told[g] for g in order}
@@ -128,6 +136,8 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     winner = selection.index
     ratio_mad = next((j.relative_mad for j in judged if j.index == winner), None)
     samples = next((j.samples for j in judged if j.index == winner), len(first.reference_times))
+    partial = partial_meta(outcomes.values(), {o.name for o in problem.skipped})
+    earlier = carried(problem.continues, {j.name for j in judged}) if problem.continues is not None else []
     meta: dict[str, Any] = {
         "run": run,
         "problem_id": problem.problem_id,
@@ -146,7 +156,7 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
              "pairs": len(j.pairs), "standing": j.standing, "interval": list(j.interval) if j.interval else None,
              "stop": j.stop, "interference": j.interference.to_dict() if j.interference is not None else None}
             for j in judged
-        ],
+        ] + earlier,
         "tuned_by": worker_of.get(winner),
         "confirmation": None,
         "confirmed_by": None,
@@ -154,6 +164,8 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
         "rejected_winner": None,
         "device_seconds": sum(r.device_seconds for r in results),
         "compile_seconds": compile_seconds,
+        "partial": partial,
+        "continues": problem.continues.get("run") if problem.continues is not None else None,
     }
     assert set(meta) == set(META_FIELDS)
     assert first.cache_key is not None
@@ -161,22 +173,28 @@ def aggregate(problem: PlannedProblem, told: Mapping[str, GroupResult], policy: 
     prior = problem.family.prior if problem.family is not None else None
     if prior is not None:
         planned_out.add(prior.winner)  # judged again, not evaluated anew (as in-process)
-    effort = space_effort(first.cache_key, [o for o in outcomes.values() if o.name not in planned_out], policy)
+    effort = space_effort(first.cache_key, [o for o in outcomes.values() if o.name not in planned_out], policy,
+                          [str(c["name"]) for c in earlier])
     if effort and problem.family is not None:
-        complete = (policy.strategy == "exhaustive" and not budget_exhausted
+        complete = (policy.strategy == "exhaustive" and not budget_exhausted and partial is None
                     and (policy.max_configs is None or effort["evaluated"] < policy.max_configs)
                     and all(o.verdict is not TrialVerdict.GROUP_FAILED for o in outcomes.values()))
         effort.update(covered=problem.family.covered if complete else None, winner=names[winner],
                       incremental=prior is not None)
+        effort.update(fleet_meta(problem, names[0], raw, judged, policy))
     meta.update(effort)
-    record = DecisionRecord(first.cache_key, winner, 0, names[winner], selection.verified, selection.ratio, time.time(), meta)
-    return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, None, trial_seconds,
-                     worker_of.get(winner), budget_exhausted, by_group, compile_seconds=compile_seconds)
+    record = DecisionRecord(cache_key=first.cache_key, index=winner, reference_index=0, name=names[winner],
+                            verified=selection.verified, ratio=selection.ratio, created=time.time(), meta=meta)
+    return Aggregate(problem, record, tuple(judged), names[winner], selection.ratio, error=None,
+                     trial_seconds=trial_seconds, winner_worker=worker_of.get(winner), budget_exhausted=budget_exhausted,
+                     results=by_group, compile_seconds=compile_seconds)
 
 
-def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolicy) -> dict[str, Any]:
+def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolicy,
+                 before: Iterable[str] = ()) -> dict[str, Any]:
     """The :data:`SPACE_FIELDS` of a decision over a key with spaces (none for a plain list): the configs judged
-    are those of ``outcomes`` (the trials' outcomes) the budget did not cut (``not tried``)."""
+    are those of ``outcomes`` (the trials' outcomes) the budget did not cut (``not tried``), plus the configs among
+    ``before`` (the names a continued partial decision judged, ``farm_coordinator.partial.carried``)."""
     try:
         roster = KeyRoster.of_key(cache_key)
     except ValueError:
@@ -185,6 +203,7 @@ def space_effort(cache_key: str, outcomes: Iterable[Outcome], policy: StackPolic
     if not size:
         return {}
     evaluated = sum(1 for o in outcomes if roster.in_space(o.index) and o.verdict is not TrialVerdict.NOT_TRIED)
+    evaluated += sum(1 for name in before if (at := roster.position(name)) is not None and roster.in_space(at))
     return {"strategy": policy.strategy, "seed": policy.seed, "max_configs": policy.max_configs,
             "evaluated": evaluated, "space_size": size}
 
@@ -295,13 +314,14 @@ def confirm(agg: Aggregate, result: GroupResult, policy: StackPolicy) -> Aggrega
         meta["rejected_winner"] = record.name
         if "winner" in meta:  # a space search's record names its winner: the reference now
             meta["winner"] = str(meta["reference"])
-        reference = DecisionRecord(record.cache_key, 0, 0, str(meta["reference"]), True, 1.0, record.created, meta)
+        reference = dataclasses.replace(record, index=0, reference_index=0, name=str(meta["reference"]), verified=True,
+                                        ratio=1.0, meta=meta)
         return _replace(agg, reference, reference.name, 1.0, extra)
     if reason is not None:
-        kept = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
+        kept = dataclasses.replace(record, reference_index=0, meta=meta)
         return unconfirmed(_replace(agg, kept, agg.winner, agg.ratio, extra), policy, f"unconfirmed: {reason}")
     meta["confirmation"] = "confirmed"
-    confirmed = DecisionRecord(record.cache_key, record.index, 0, record.name, record.verified, record.ratio, record.created, meta)
+    confirmed = dataclasses.replace(record, reference_index=0, meta=meta)
     return _replace(agg, confirmed, agg.winner, agg.ratio, extra)
 
 
@@ -314,8 +334,7 @@ def unconfirmed(agg: Aggregate, policy: StackPolicy,
     if policy.require_confirmation:
         return dataclasses.replace(agg, record=None, winner=None, ratio=None, error=f"not published: {reason}")
     meta = dict(r.meta, confirmation=reason)
-    record = DecisionRecord(r.cache_key, r.index, r.reference_index, r.name, r.verified, r.ratio, r.created, meta)
-    return dataclasses.replace(agg, record=record)
+    return dataclasses.replace(agg, record=dataclasses.replace(r, meta=meta))
 
 
 def _replace(agg: Aggregate, record: DecisionRecord, winner: str | None, ratio: float | None, extra_seconds: float) -> Aggregate:

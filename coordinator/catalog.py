@@ -6,21 +6,27 @@ Loading validates everything before anything is enqueued: an error names the fil
 from __future__ import annotations
 
 import contextlib
+import math
 import tomllib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from farm.decisions import canonical_json
 from farm.errors import ConfigError, TuneFailure
 from farm.jsontypes import JSONObject
 from farm.policy import StackPolicy
-from farm_fleet.protocol import canonical_json
+from farm_coordinator.weights import apply_table, parse_weight
 
-TOP_LEVEL = {"policy", "problems"}
+TOP_LEVEL = {"policy", "problems", "weights"}
 PROBLEM_FIELDS = {"operation", "devices", "workloads"}
-RECORDED_FIELDS = {"recording"}
+RECORDED_FIELDS = {"recording", "weight"}
+WEIGHT_FIELD = "weight"
+"""A workload's weight in the catalog: beside its spec's fields, never part of the spec (nor the problem id)."""
 DEVICE_KINDS = ("cpu", "cuda")
+RUN_BUDGET = "run_budget"
+"""The [policy] field of the run's budget in device seconds: the run's, never part of a problem's policy."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,10 @@ class Workload:
     """The normalized spec, when the maker has it (a catalog normalizes every workload once, at load)."""
     fingerprint: str = ""
     """Planned only on this fingerprint digest (a recorded problem: its recording's workers); empty: any."""
+    weight: float = field(default=1.0, compare=False)
+    """How much fleet time the problem is worth per hour, relative to the catalog's other problems: its calls per
+    hour times its seconds per call at the reference when known (so a budget goes where the fleet saves the most),
+    1.0 when nothing says. Finite and > 0. Not part of the problem's identity: no id or cache key depends on it."""
 
     @cached_property
     def normalized(self) -> JSONObject:
@@ -55,6 +65,9 @@ class Catalog:
     policy: StackPolicy
     workloads: tuple[Workload, ...]
     kernels: tuple[str, ...] = ()
+    run_budget: float | None = None
+    """Device seconds the whole run may spend (``[policy] run_budget``, ``farm tune --budget-device-seconds``;
+    ``farm_coordinator.runbudget``); None: no limit but each problem's own ``budget``."""
 
 
 def workload_label(operation: str, spec: Any) -> str:
@@ -80,9 +93,11 @@ def workload_label(operation: str, spec: Any) -> str:
     return " ".join(sizes + [v for v in spec.values() if isinstance(v, str)])
 
 
-def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only: bool = False) -> Catalog:
+def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only: bool = False,
+                 weights: bool = True) -> Catalog:
     """Parse and validate a catalog file; ConfigError names file, problem and field of the first problem.
-    ``policy_only``: a file without ``problems`` is valid (``farm tune --from-fleet`` takes only its policy)."""
+    ``policy_only``: a file without ``problems`` is valid (``farm tune --from-fleet`` takes only its policy).
+    ``weights=False``: leave the ``[weights]`` file unread (``farm catalog weights`` writes it)."""
     from farm_kernels import registry
 
     source = str(path)
@@ -104,6 +119,8 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
     policy_table = data.get("policy", {})
     if not isinstance(policy_table, dict):
         raise ConfigError(source, "policy", policy_table, "must be a table")
+    run_budget = parse_run_budget(policy_table.get(RUN_BUDGET), source, f"policy.{RUN_BUDGET}")
+    policy_table = {k: v for k, v in policy_table.items() if k != RUN_BUDGET}  # the run's, not each problem's
     try:
         policy = StackPolicy.from_dict(policy_table)
     except TuneFailure as e:
@@ -112,17 +129,20 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
         raise ConfigError(source, "policy", policy_table, f"invalid value: {e}") from e
     problems = data.get("problems")
     if policy_only and problems is None:
-        return Catalog(source, policy, (), kernels)
+        return Catalog(source, policy, (), kernels, run_budget)
     if not isinstance(problems, list) or not problems:
         raise ConfigError(source, "problems", problems, "must be a non-empty array of tables ([[problems]])")
     workloads: list[Workload] = []
     seen: dict[tuple[str, str, str], str] = {}
+    explicit: set[str] = set()  # the workloads with their own weight field
     for i, problem in enumerate(problems):
         where = f"problems[{i}]"
         if not isinstance(problem, dict):
             raise ConfigError(source, where, problem, "must be a table")
         if "recording" in problem:
             workloads.append(_recorded(problem, source, where, seen))
+            if WEIGHT_FIELD in problem:
+                explicit.add(where)
             continue
         extra = sorted(set(problem) - PROBLEM_FIELDS)
         if extra:
@@ -147,6 +167,11 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
             at = f"{where}.workloads[{j}]"
             if not isinstance(spec, dict):
                 raise ConfigError(source, at, spec, "must be a table")
+            weight = 1.0
+            if WEIGHT_FIELD in spec:
+                weight = parse_weight(spec[WEIGHT_FIELD], source, f"{at}.{WEIGHT_FIELD}")
+                explicit.add(at)
+                spec = {k: v for k, v in spec.items() if k != WEIGHT_FIELD}
             # Without explicit devices, a workload runs on every kind that accepts its dtype.
             kinds = tuple(devices) if devices is not None else operation.devices_for(spec) or operation.devices
             # Duplicates are found on the spec with every default filled in: `seed = 0` spelled out is the same
@@ -160,8 +185,10 @@ def load_catalog(path: Path | str, kernels: tuple[str, ...] = (), *, policy_only
                 if identity in seen:
                     raise ConfigError(source, at, spec, f"duplicates {seen[identity]} on {kind}")
                 seen[identity] = at
-            workloads.append(Workload(name, kinds, dict(spec), at, filled=normalized))
-    return Catalog(source, policy, tuple(workloads), tuple(kernels))
+            workloads.append(Workload(name, kinds, dict(spec), at, filled=normalized, weight=weight))
+    if "weights" in data and weights:  # [weights] file = "...": imported weights (farm catalog weights)
+        workloads = apply_table(data["weights"], source, workloads, explicit)
+    return Catalog(source, policy, tuple(workloads), tuple(kernels), run_budget)
 
 
 def _recorded(problem: dict[str, Any], source: str, where: str, seen: dict[tuple[str, str, str], str]) -> Workload:
@@ -178,5 +205,16 @@ def _recorded(problem: dict[str, Any], source: str, where: str, seen: dict[tuple
     if identity in seen:
         raise ConfigError(source, f"{where}.recording", problem["recording"], f"duplicates {seen[identity]}")
     seen[identity] = where
+    weight = parse_weight(problem[WEIGHT_FIELD], source, f"{where}.{WEIGHT_FIELD}") if WEIGHT_FIELD in problem else 1.0
     return Workload(name, (recorded.KIND,), {"recording": problem["recording"]}, where, filled=spec,
-                    fingerprint=recorded.fingerprint_of(recording))
+                    fingerprint=recorded.fingerprint_of(recording), weight=weight)
+
+
+def parse_run_budget(value: Any, source: str, where: str) -> float | None:
+    """``[policy] run_budget``: the device seconds the whole run may spend, a finite number > 0; None when the
+    catalog gives none. Anything else is a ConfigError naming ``source``, ``where`` and the value."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(source, where, value, "must be a number of device seconds > 0")
+    return float(value)

@@ -10,14 +10,13 @@ taken over when that coordinator's lease expires.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from rich.console import Console
-
 from farm_coordinator.catalog import Workload
-from farm_coordinator.dispatch import Dispatcher, task_key
+from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
+from farm_coordinator.partial import continuation_round, is_partial
 from farm_coordinator.plan import PlannedProblem, Planner, Target
 from farm_coordinator.ports import REUSED, Fleet, Leases, Results, Settled
 from farm_coordinator.runview import CONFIRM_GROUP
@@ -49,15 +48,19 @@ class Taken:
     mine: list[Tracked] = field(default_factory=list)
     reused: list[GroupResult] = field(default_factory=list)
     gave_up: list[tuple[Tracked, str]] = field(default_factory=list)
+    # (digest, tasks, trials) the problems made now plan beyond the survey's count (a continued partial decision
+    # plans fewer, a ban or a grown space's family other ones): the run's totals follow what is really planned
+    replanned: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 class Claims:
     """The leases of one run (``run``: its id, the leases' holder) over the problems of its ``board``."""
 
     def __init__(self, run: str, board: Board, leases: Leases, sink: Sink, settle: Settlement, settings: Settings,
-                 console: Console, dispatcher: Dispatcher, results: Results | None = None, force: bool = False) -> None:
+                 note: Callable[[str], None], dispatcher: Dispatcher, results: Results | None = None,
+                 force: bool = False) -> None:
         self.run, self.board, self.leases, self.sink, self.settle = run, board, leases, sink, settle
-        self.settings, self.console, self.results, self.force = settings, console, results, force
+        self.settings, self.note, self.results, self.force = settings, note, results, force
         self.dispatcher = dispatcher
         self.planner: Planner | None = None
         self.backlog: Iterator[tuple[str, Target, Workload]] = iter(())  # never tried yet, in plan order
@@ -72,7 +75,7 @@ class Claims:
         found = Survey()
         pairs = planner.pairs()
         while chunk := [(planner.problem_id(t, w), t, w) for t, w in itertools.islice(pairs, SURVEY_CHUNK)]:
-            decided = set() if self.force else self._decided_ids(chunk)
+            decided = set() if self.force else self._decided_ids(chunk, final_only=True)
             for pid, target, workload in chunk:
                 if pid in decided:
                     found.decided.add(pid)
@@ -88,16 +91,23 @@ class Claims:
         return found
 
     def decided(self, problems: list[PlannedProblem]) -> set[str]:
-        """Which of ``problems`` have a published decision (one read per fingerprint)."""
+        """Which of ``problems`` have a published decision (one read per fingerprint): during a run, a partial one
+        another coordinator published counts too (that run's continuation is the next run's, not this one's)."""
         return self._decided_ids([(p.problem_id, p.target, p.workload) for p in problems])
 
-    def _decided_ids(self, problems: list[tuple[str, Target, Workload]]) -> set[str]:
+    def _decided_ids(self, problems: list[tuple[str, Target, Workload]], final_only: bool = False) -> set[str]:
+        """The decided ids of ``problems``; ``final_only``: not the partial decisions (read back to tell,
+        ``farm_coordinator.partial``): what a run's survey skips, the partial ones it continues."""
         by_digest: dict[str, list[str]] = {}
         for pid, target, _ in problems:
             by_digest.setdefault(target.digest, []).append(pid)
         found: set[str] = set()
         for digest, pids in by_digest.items():
-            found |= self.sink.decided(digest, pids)
+            decided = self.sink.decided(digest, pids)
+            if decided and final_only:  # a partial decision (the budget cut its search) is not final: continued
+                records = self.sink.problem_records(digest, sorted(decided))
+                decided -= {pid for pid, record in records.items() if is_partial(record.meta)}
+            found |= decided
         return found
 
     def rest(self) -> Iterator[tuple[str, Target, Workload]]:
@@ -115,10 +125,18 @@ class Claims:
         assert self.planner is not None
         take = list(itertools.islice(self.backlog, min(self.left, self.window - active)))
         self.left = self.left - len(take) if take else 0
-        return self.claim(self.board.add(self.planner.problems(take)))
+        made = self.planner.problems(take)
+        taken = Taken()
+        for plan in made:
+            counted = self.planner.groups(plan.target, plan.workload)
+            tasks, trials = len(plan.tasks) - len(counted.groups), sum(len(t.candidates) for t in plan.tasks) - counted.trials
+            if tasks or trials:
+                taken.replanned.append((plan.target.digest, tasks, trials))
+        return self.claim(self.board.add(made), taken)
 
     def claim(self, candidates: list[Tracked], taken: Taken | None = None) -> Taken:
-        """Lease what is free, give each leased problem its round, find the successful results stored under it
+        """Lease what is free, give each leased problem the run its results live under (the stored ``round`` of
+        ``farm_coordinator.leases``), find the successful results stored under it
         (failed ones are discarded: they run again). The others are held elsewhere."""
         taken = taken or Taken()
         if not candidates:
@@ -132,12 +150,14 @@ class Claims:
         mine = [t for t in candidates if t.pid in held]
         if not mine:
             return taken
-        rounds = self.leases.rounds([t.pid for t in mine], self.run, fresh=self.force)
+        runs = self.leases.rounds([t.pid for t in mine], self.run, fresh=self.force)
         for t in mine:
-            self.board.claimed(t.pid, held[t.pid], rounds[t.pid])
+            if t.plan.continues is not None:  # the stored run's results are the partial decision's: a run of its own
+                runs[t.pid] = continuation_round(t.plan.continues)
+            self.board.claimed(t.pid, held[t.pid], runs[t.pid])
         taken.mine.extend(mine)
         if self.results is not None:
-            keys = [task_key(task) for t in mine for task in t.plan.in_round(rounds[t.pid])]
+            keys = [task.key for t in mine for task in t.plan.in_round(runs[t.pid])]
             stale = []
             for key, found in zip(keys, self.results.get_many(keys), strict=True):
                 if reusable(found):
@@ -170,14 +190,14 @@ class Claims:
         for t in self.board.members(State.CONFIRMING):
             confirmer = t.state.confirmer
             if confirmer is not None and not fleet.alive(*confirmer):
-                self.dispatcher.forget([GroupKey(t.state.round or "", t.pid, CONFIRM_GROUP)])
+                self.dispatcher.forget([GroupKey(t.state.run or "", t.pid, CONFIRM_GROUP)])
                 taken.gave_up.append((t, f"unconfirmed: confirming worker {confirmer[0]} went away"))
         return taken
 
     def lose(self, t: Tracked) -> None:
         """Another coordinator holds the problem now: stop working on it (its queued tasks are skipped)."""
-        round_id = t.state.round or ""
-        self.console.log(f"lost the lease of problem {t.pid}; stopped working on it", markup=False)
-        self.dispatcher.forget([task_key(task) for task in t.plan.in_round(round_id)] + [GroupKey(round_id, t.pid, CONFIRM_GROUP)])
+        run_id = t.state.run or ""
+        self.note(f"lost the lease of problem {t.pid}; stopped working on it")
+        self.dispatcher.forget([task.key for task in t.plan.in_round(run_id)] + [GroupKey(run_id, t.pid, CONFIRM_GROUP)])
         self.board.move(t.pid, State.WAITING, "lease lost")
         self.elsewhere[t.pid] = None

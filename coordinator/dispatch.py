@@ -28,14 +28,6 @@ from farm_fleet.settings import Settings
 if TYPE_CHECKING:  # types only
     from celery import Celery
 
-Key = GroupKey  # the one (run, problem, group) key: farm_fleet.protocol.GroupKey
-
-
-def task_key(task: GroupTask) -> GroupKey:
-    """The key a task's group is tracked and stored under."""
-    return task.key
-
-
 class Dispatcher(Protocol):
     """The coordinator's port to the devices. It owns what is in flight."""
 
@@ -53,7 +45,7 @@ class Dispatcher(Protocol):
         without running them. The coordinator sends them again or gives up on them."""
         ...
 
-    def forget(self, keys: list[Key]) -> None:
+    def forget(self, keys: list[GroupKey]) -> None:
         """Stop waiting for these groups (a lease was lost, a confirmation given up)."""
         ...
 
@@ -81,10 +73,10 @@ class CeleryDispatcher:
         self.app = app
         self.results = results
         self.settings = settings
-        self._pending: dict[Key, Flight] = {}
+        self._pending: dict[GroupKey, Flight] = {}
         self._rounds: Counter[str] = Counter()
         self._moved: dict[str, float] = {}  # queue -> when a task of it last started or finished
-        self._unrun: list[Key] = []
+        self._unrun: list[GroupKey] = []
         self._sweep = sweep
         self._last_sweep = 0.0
         self._last_deadlines = 0.0
@@ -97,7 +89,7 @@ class CeleryDispatcher:
         now = time.monotonic()
         self._moved.setdefault(queue, now)
         for task in tasks:
-            key = task_key(task)
+            key = task.key
             if key not in self._pending:
                 self._rounds[task.run] += 1
             self._pending[key] = Flight(task, queue, task_id, now, limits)
@@ -112,7 +104,7 @@ class CeleryDispatcher:
                            time_limit=hard, task_id=task_id, ignore_result=True, shadow=shadow)
         return task_id
 
-    def _pop(self, key: Key) -> Flight | None:
+    def _pop(self, key: GroupKey) -> Flight | None:
         flight = self._pending.pop(key, None)
         if flight is not None:
             self._rounds[flight.task.run] -= 1
@@ -125,7 +117,7 @@ class CeleryDispatcher:
             if wait > 0:
                 time.sleep(wait)
             return []
-        ready: set[Key] = set()
+        ready: set[GroupKey] = set()
         for kind, key in self.results.notices(list(self._rounds), wait):
             if key in self._pending:
                 if kind == "result":
@@ -177,7 +169,7 @@ class CeleryDispatcher:
                 flight.sent, flight.resent = now, flight.resent + 1
         return lost
 
-    def forget(self, keys: list[Key]) -> None:
+    def forget(self, keys: list[GroupKey]) -> None:
         for key in keys:
             self._pop(key)
 
@@ -212,9 +204,9 @@ class LocalDispatcher:
             return []
         return [self.execute(*self._queue.popleft())]
 
-    def forget(self, keys: list[Key]) -> None:
+    def forget(self, keys: list[GroupKey]) -> None:
         drop = set(keys)
-        self._queue = deque((t, q) for t, q in self._queue if task_key(t) not in drop)
+        self._queue = deque((t, q) for t, q in self._queue if t.key not in drop)
 
     def cancel(self) -> list[GroupTask]:
         tasks = [t for t, _ in self._queue]

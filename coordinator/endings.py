@@ -36,7 +36,7 @@ def expire(board: Board, claims: Claims, publisher: Publisher, settle: Settlemen
         held = t.pid in claims.elsewhere
         settle.failed(t, "held by another coordinator until the timeout" if held else "not started before the timeout")
     for t in board.members(State.QUEUED, State.RUNNING):
-        if t.state.verdict is not None:  # decided, but the store did not answer
+        if t.state.aggregate is not None:  # decided, but the store did not answer
             settle.failed(t, "decided, but not published before the run's timeout (the store did not answer)")
             continue
         missing = [task.group for task in t.plan.tasks if task.group not in t.state.results]

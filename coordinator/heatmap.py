@@ -5,8 +5,9 @@ Computed from the decision alone: the key's space descriptors give the parameter
 (``farm.keyroster``), the record's candidates the configs explored and their ratios. A parameter matters as much
 as it moves the log-ratio between configs that differ in it alone (:func:`importance`); the two that matter most
 are the map's axes (one parameter: a single row). A cell holds the best ratio of the configs
-explored at that pair of values, how many were explored there, and how many failed (a wrong output, an error: no
-ratio).
+explored at that pair of values, how many were explored there, how many failed (a wrong output, an error: no
+ratio), and how many the search planned but never tried (the budget ran out first: verdict ``not tried``). A config
+not tried is not explored and did not fail: it has its own count and mark.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def heat_maps(cache_key: str, candidates: Sequence[Mapping[str, Any]]) -> list[d
         if explored:
             maps.append(heat_map(shape, explored))
     return maps
+
+
+def not_tried(candidate: Mapping[str, Any]) -> bool:
+    """Whether the search never ran the config (its verdict ``not tried``: the budget, or the run, stopped first)."""
+    return str(candidate.get("note", "")).startswith("not tried")
 
 
 def _ratio(candidate: Mapping[str, Any]) -> float | None:
@@ -78,13 +84,18 @@ def heat_map(shape: SpaceShape, explored: Sequence[tuple[dict[str, str], Mapping
     cells: list[list[dict[str, Any] | None]] = [[None] * len(xs) for _ in ys]
     for config, c in explored:
         i, j = ys.index(config[y]), (xs.index(config[x]) if x is not None else 0)
-        cell = cells[i][j] or {"best": None, "explored": 0, "failed": 0, "name": None}
+        cell = cells[i][j] or {"best": None, "explored": 0, "failed": 0, "not_tried": 0, "name": None}
         cells[i][j] = cell
+        if not_tried(c):
+            cell["not_tried"] += 1
+            continue
         cell["explored"] += 1
         ratio = _ratio(c)
         if ratio is None:
             cell["failed"] += 1
         elif cell["best"] is None or ratio < cell["best"]:
             cell["best"], cell["name"] = ratio, c.get("name")
-    return {"space": shape.name, "y": y, "x": x, "ys": ys, "xs": xs, "cells": cells, "explored": len(explored),
-            "size": shape.size, "importance": {p: round(v, 6) for p, v in spread.items()}}
+    untried = sum(1 for _, c in explored if not_tried(c))
+    return {"space": shape.name, "y": y, "x": x, "ys": ys, "xs": xs, "cells": cells,
+            "explored": len(explored) - untried, "not_tried": untried, "size": shape.size,
+            "importance": {p: round(v, 6) for p, v in spread.items()}}

@@ -62,12 +62,14 @@ class ProblemState:
     else reads it. ``results``: the group results so far (sent, reused, or NOT_TRIED when the budget was spent),
     in the order they arrived; ``in_flight``: groups asked and not answered; ``asked``: the candidates of every
     group the strategy asked for in this claim; ``ended``: the strategy proposed nothing more while nothing was in
-    flight (the search is over: the problem can be decided); ``confirming``: the verdict a second device re-times;
-    ``verdict``: the decision waiting for its publication."""
+    flight (the search is over: the problem can be decided); ``confirming``: the aggregate whose winner a second
+    device re-times; ``aggregate``: the decision waiting for its publication. ``run``: the run id its group results
+    live under (the claim's namespace, ``GroupTask.run``; stored as the problem's ``round`` key in Redis,
+    ``farm_coordinator.leases``), not a search round."""
 
     stage: State = State.WAITING
     lease: str | None = None  # the lease value (holder#token) while this coordinator holds it
-    round: str | None = None  # the round its group results live under
+    run: str | None = None  # the run id its group results live under (its claim's namespace)
     confirmer: tuple[str, str] | None = None  # (worker id, incarnation) re-timing the winner
     sends: dict[str, int] = field(default_factory=dict)  # group -> times the coordinator sent it in this claim
     lost: dict[str, int] = field(default_factory=dict)  # group -> times it started and never came back
@@ -77,7 +79,7 @@ class ProblemState:
     asked: dict[str, Candidates] = field(default_factory=dict)
     ended: bool = False
     confirming: Aggregate | None = None
-    verdict: Aggregate | None = None
+    aggregate: Aggregate | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class Board:
             state.note = note
         if new not in ACTIVE:
             state.lease = None
-            state.verdict = None
+            state.aggregate = None
         if new in FINAL and not self.keep_final:
             del self.items[pid], self._members[new][pid]
             self.finished += 1
@@ -154,14 +156,14 @@ class Board:
             self.on_move(tracked, old, new)
         return tracked
 
-    def claimed(self, pid: str, lease: str, round_id: str) -> Tracked:
-        """This coordinator holds the problem under ``lease``; its results live under ``round_id``. Nothing of an
+    def claimed(self, pid: str, lease: str, run: str) -> Tracked:
+        """This coordinator holds the problem under ``lease``; its results live under ``run``. Nothing of an
         earlier claim carries over (none of it is in flight for us any more): it is queued afresh."""
         state = self.items[pid].state
-        state.lease, state.round, state.confirmer = lease, round_id, None
+        state.lease, state.run, state.confirmer = lease, run, None
         for kept in (state.sends, state.lost, state.results, state.in_flight, state.asked):
             kept.clear()
-        state.ended, state.confirming, state.verdict = False, None, None
+        state.ended, state.confirming, state.aggregate = False, None, None
         return self.move(pid, State.QUEUED)
 
     def asked(self, pid: str, tasks: list[GroupTask], not_tried: list[GroupResult]) -> bool:
@@ -198,15 +200,15 @@ class Board:
         state.lost[group] = lost = state.lost.get(group, 0) + 1
         return lost
 
-    def confirming(self, pid: str, verdict: Aggregate, confirmer: tuple[str, str]) -> Tracked:
-        """``verdict``'s winner is re-timed by ``confirmer`` (worker id, incarnation)."""
+    def confirming(self, pid: str, aggregate: Aggregate, confirmer: tuple[str, str]) -> Tracked:
+        """``aggregate``'s winner is re-timed by ``confirmer`` (worker id, incarnation)."""
         state = self.items[pid].state
-        state.confirming, state.confirmer = verdict, confirmer
+        state.confirming, state.confirmer = aggregate, confirmer
         return self.move(pid, State.CONFIRMING)
 
-    def decided(self, pid: str, verdict: Aggregate) -> None:
+    def decided(self, pid: str, aggregate: Aggregate) -> None:
         """The problem's decision, waiting for its publication."""
-        self.items[pid].state.verdict = verdict
+        self.items[pid].state.aggregate = aggregate
 
     # -- reads -----------------------------------------------------------------------------------------------
 

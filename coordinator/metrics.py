@@ -1,7 +1,7 @@
 """Prometheus metrics for the farm: counters the coordinators keep in Redis, and a small exporter that reads them
 with the fleet's live state (workers by state, queue depth per fingerprint) at every scrape.
 
-Coordinators count as they go (:class:`RunMetrics`, a progress hook for ``farm_coordinator.run.tune``): problems
+Coordinators count as they go (:class:`RunMetrics`, the run's observer, ``Parts.observer``): problems
 published, failed and reused, trial, device and compile seconds and confirmation outcomes, in one Redis hash (``<prefix>:metrics``)
 shared by every coordinator, so the counters are monotonic across runs and hosts. ``farm metrics`` serves them on
 ``/metrics`` (docs/farm.md, Metrics); a Redis that does not answer at start is an error (exit status 2), one
@@ -45,7 +45,7 @@ def metrics_key(settings: Settings) -> str:
 
 
 class RunMetrics:
-    """A progress hook that counts into Redis, then forwards to ``inner`` (the bar or the log lines). Failing to
+    """A run observer that counts into Redis, then forwards to ``inner`` (the bar or the log lines). Failing to
     count is a warning: metrics never stop a run."""
 
     def __init__(self, client: Any, settings: Settings, inner: Any = None) -> None:

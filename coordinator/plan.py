@@ -16,6 +16,13 @@ new problem), its family's id does not. A complete search's decision is indexed 
 (``farm_coordinator.publish``), and the Planner looks it up (``families``): when a space grew, the problem is
 planned as the in-process search does it (``farm.spacesearch``): the stored winner and only the configs the old
 space lacked, against the reference; the other listed candidates, judged before, are not planned again.
+
+**Fleet priors.** A family also has an id across fingerprints (:meth:`Planner.fleet_family_id`: the same id without
+the fingerprint; a recording's is its kernel's, ``farm_kernels.recorded.family``), and every spaced decision is
+indexed under it too. A problem whose fingerprint has no earlier search of its family is planned with the
+decisions of the same family on up to ``farm.priors.SOURCES`` other fingerprints (``fleet_priors``: the run's
+decision store, and archives): its space search tries their best configs first (``farm.priors.PriorFirst``,
+``farm_coordinator.spacestrategy``). Not to be confused with :class:`Prior`, this fingerprint's own earlier search.
 """
 
 from __future__ import annotations
@@ -25,15 +32,18 @@ import hashlib
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from farm.encoding import fields
 from farm.policy import StackPolicy
+from farm.priors import SOURCES, Source, from_records
 from farm.roster import Roster
 from farm.search import admit
 from farm.spacesearch import Covered, Prior, covered_by, covered_positions, prior_of
 from farm.stores.base import DecisionRecord
 from farm.trials import Outcome, TrialVerdict
 from farm_coordinator.catalog import Catalog, Workload
+from farm_coordinator.partial import is_partial, judged_before
 from farm_fleet.protocol import REFERENCE_GROUP, GroupTask, problem_id
 
 
@@ -56,16 +66,21 @@ class SpaceFamily:
     problem_id: str
     covered: Covered
     prior: Prior | None = None
+    fleet_id: str = ""  # the family's id across fingerprints (Planner.fleet_family_id): what priors are found by
+    fleet_priors: tuple[Source, ...] = ()  # other fingerprints' decisions of the family its search starts from
 
 
 # Where a Planner finds a family's last complete decision: (fingerprint digest, family ids) -> the records, by id.
 Families = Callable[[str, list[str]], Mapping[str, DecisionRecord]]
+# Where a Planner finds fleet priors: (family id across fingerprints, the digest to leave out, how many at most) ->
+# (fingerprint digest, record) of other fingerprints' decisions of the family (the stores' ``priors``).
+FleetPriors = Callable[[str, str, int], Sequence[tuple[str, DecisionRecord]]]
 
 
 @dataclass(frozen=True)
 class PlannedProblem:
     """What the catalog and the fingerprint fix about one problem of a run: its id, target and workload, its group
-    tasks in plan order (under the run's id: the round a claim gives it is state, ``ProblemState.round``) and the
+    tasks in plan order (under the run's id: the run a claim gives it is state, ``ProblemState.run``) and the
     candidates planning refused (``skipped``). Frozen: what a run learns about the problem lives on its board."""
 
     problem_id: str
@@ -74,6 +89,7 @@ class PlannedProblem:
     tasks: tuple[GroupTask, ...]
     skipped: tuple[Outcome, ...] = ()
     family: SpaceFamily | None = field(default=None, compare=False)
+    continues: Mapping[str, Any] | None = field(default=None, compare=False)  # a partial decision's meta, continued
 
     def revision(self, name: str) -> str:
         """The revision of a candidate this problem's tasks name (KeyError for another name)."""
@@ -107,20 +123,23 @@ class Groups:
 
 
 def searches_spaces(policy: StackPolicy) -> bool:
-    """Whether a run searches spaces in rounds (``farm_coordinator.spacesearch``: a strategy other than exhaustive,
+    """Whether a run searches spaces in rounds (``farm_coordinator.spacestrategy``: a strategy other than exhaustive,
     or a ``max_configs``); else a space's feasible configs are planned as candidates of its priority group."""
     return policy.strategy != "exhaustive" or policy.max_configs is not None
 
 
 def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Collection[str] = (),
-                rejected: Mapping[str, str] | None = None, prior: Prior | None = None) -> Groups:
+                rejected: Mapping[str, str] | None = None, prior: Prior | None = None,
+                continues: Mapping[str, Any] | None = None) -> Groups:
     """One task per priority group in plan order, naming the candidates ``farm.search.admit`` lets the search
     try (the same rule as in-process: skips, bans and ``max_candidates``); the others come back as Outcomes.
     Under :func:`searches_spaces` only the listed candidates are planned: a space is never enumerated here.
     ``rejected``: configs the compile stage rejected (name -> its verdict, ``farm_coordinator.precompile``), each
     an Outcome REJECTED with the verdict as its note, never planned (nor asked by a space search). ``prior``: the
     family's earlier complete search (a grown space): only its winner and the configs it did not cover
-    are planned (a space search leaves the covered ones out too, ``farm_coordinator.spacesearch``)."""
+    are planned (a space search leaves the covered ones out too, ``farm_coordinator.spacestrategy``).
+    ``continues``: the meta of this problem's partial decision (``farm_coordinator.partial``): its winner is
+    planned first after the reference, then only the candidates its searches did not judge."""
     from farm_kernels import recorded
 
     tunable = recorded.tunable(operation, device_kind)
@@ -131,6 +150,8 @@ def plan_groups(operation: str, device_kind: str, catalog: Catalog, banned: Coll
         order = tunable.search_order()  # the cache key's candidate list: the reference first
     if roster is not None and prior is not None:
         order = _incremental(order, roster, prior)
+    if continues is not None:
+        order = _continued(order, tunable, continues)
     candidates = [tunable[i].candidate() for i in order]
     rejected = rejected or {}
     planned_names = {c.name for c in candidates}
@@ -176,6 +197,17 @@ def _incremental(order: list[int], roster: Roster, prior: Prior) -> list[int]:
     return kept
 
 
+def _continued(order: list[int], tunable: Any, meta: Mapping[str, Any]) -> list[int]:
+    """A partial decision's continuation (``order``: tunable indices, the reference first): the reference, its
+    winner (judged again, against this run's reference timings), then the candidates it did not judge, in order."""
+    judged = judged_before(meta)
+    selected = meta.get("winner") or next((c.get("name") for c in meta.get("candidates", [])
+                                           if str(c.get("note", "")).startswith("selected")), None)
+    winner = next((i for i in order[1:] if tunable[i].name == selected), None)
+    rest = [i for i in order[1:] if i != winner and tunable[i].name not in judged]
+    return [order[0], *([winner] if winner is not None else []), *rest]
+
+
 class Planner:
     """Every (workload, target) pair of a run whose device kind matches, in plan order, made into problems one at a
     time: a run holds the problems it works on, never the whole catalog expanded (its tasks are built when a problem
@@ -184,11 +216,13 @@ class Planner:
     def __init__(self, catalog: Catalog, targets: list[Target], run: str,
                  bans: Mapping[str, Mapping[str, Collection[str]]] | None = None,
                  rejected: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
-                 families: Families | None = None) -> None:
+                 families: Families | None = None, fleet_priors: FleetPriors | None = None) -> None:
         """``bans``: fingerprint digest -> problem id -> the candidates the fleet banned for it. ``rejected``:
         fingerprint digest -> operation -> the configs its compile stage rejected, with their verdicts
         (``farm_coordinator.precompile``). ``families``: where a family's last complete decision is found (None: every problem
-        with spaces is searched in full, as a forced run does)."""
+        with spaces is searched in full, as a forced run does). ``fleet_priors``: where other fingerprints'
+        decisions of a family are found (None: no priors, ``farm tune --no-priors``)."""
+        self.fleet_priors = fleet_priors
         self.catalog, self.targets, self.run = catalog, targets, run
         self.bans = bans or {}
         self.rejected = rejected or {}
@@ -230,41 +264,78 @@ class Planner:
         return problem_id(target.digest, workload.operation, target.device_kind, "family:" + planned.family_checksum,
                           workload.normalized, self.accuracy)
 
+    def fleet_family_id(self, target: Target, workload: Workload) -> str | None:
+        """The id of the problem's family across fingerprints (:meth:`family_id` without the fingerprint; for a
+        recording, its kernel's family: ``farm_kernels.recorded.family``), None without spaces."""
+        from farm_kernels import recorded
+
+        planned = self.groups(target, workload)
+        if planned.family is None:
+            return None
+        same = recorded.family(workload.operation) if target.device_kind == recorded.KIND else None
+        operation, checksum, spec = same or (workload.operation, planned.family_checksum, workload.normalized)
+        return problem_id("", operation, target.device_kind, "family:" + checksum, spec, self.accuracy)
+
     def problem(self, target: Target, workload: Workload, pid: str | None = None,
-                prior: Prior | None = None) -> PlannedProblem:
+                prior: Prior | None = None, continues: Mapping[str, Any] | None = None,
+                priors: tuple[Source, ...] = ()) -> PlannedProblem:
         """The problem of one pair, with its group tasks (``pid``: its id when the caller has it already;
-        ``prior``: its family's earlier complete search, :meth:`problems` finds it)."""
+        ``prior``: its family's earlier complete search, ``continues``: the meta of its own partial decision,
+        :meth:`problems` finds both; ``priors``: other fingerprints' decisions of its family, :meth:`fleet_priors_of`)."""
         planned = self.groups(target, workload)
         pid = pid or self.problem_id(target, workload)
         banned = self.bans.get(target.digest, {}).get(pid)
-        if banned or prior is not None:
+        if banned or prior is not None or continues is not None:
             planned = plan_groups(workload.operation, target.device_kind, self.catalog, banned or (),
-                                  self._rejected(target, workload), prior)
+                                  self._rejected(target, workload), prior, continues)
         tasks = tuple(GroupTask(self.run, pid, group, workload.operation, target.device_kind, workload.normalized, candidates,
                                 self.policy_dict, target.digest, self.catalog.kernels, expects=planned.parts)
                       for group, candidates in planned.groups)
         family = planned.family
         if family is not None:
-            family = dataclasses.replace(family, problem_id=self.family_id(target, workload) or "")
-        return PlannedProblem(pid, target, workload, tasks, planned.refused, family)
+            family = dataclasses.replace(family, problem_id=self.family_id(target, workload) or "",
+                                         fleet_id=self.fleet_family_id(target, workload) or "", fleet_priors=priors)
+        return PlannedProblem(pid, target, workload, tasks, planned.refused, family, continues)
 
     def problems(self, taken: Sequence[tuple[str, Target, Workload]]) -> list[PlannedProblem]:
         """The problems of ``taken`` (id, target, workload), each with its family's earlier complete search when
-        one is on record and fresh: one read of the problem index per fingerprint."""
+        one is on record and fresh, and its own partial decision when one is (``farm_coordinator.partial``: the
+        search continues it): one read of the problem index per fingerprint."""
         priors: dict[str, Prior] = {}
+        partials: dict[str, Mapping[str, Any]] = {}
         wanted: dict[str, dict[str, str]] = {}  # digest -> family id -> problem id
+        own: dict[str, set[str]] = {}  # digest -> the taken problems' own ids
         for pid, target, workload in taken if self.families is not None else ():
+            own.setdefault(target.digest, set()).add(pid)
             family = self.family_id(target, workload)
             if family is not None:
                 wanted.setdefault(target.digest, {})[family] = pid
         now = time.time()
-        for digest, ids in wanted.items():
+        for digest in own.keys() | wanted.keys():
             assert self.families is not None
-            for family, record in self.families(digest, list(ids)).items():
+            ids = wanted.get(digest, {})
+            for found, record in self.families(digest, [*ids, *sorted(own.get(digest, ()))]).items():
+                if found in own.get(digest, ()) and is_partial(record.meta):
+                    partials[found] = record.meta
+                    continue
                 prior = prior_of(record.meta) if record.is_fresh(now, self.catalog.policy.ttl) else None
-                if prior is not None and family in ids:
-                    priors[ids[family]] = prior
-        return [self.problem(target, workload, pid, priors.get(pid)) for pid, target, workload in taken]
+                if prior is not None and found in ids:
+                    priors[ids[found]] = prior
+        return [self.problem(target, workload, pid, priors.get(pid), partials.get(pid),
+                             self.fleet_priors_of(target, workload) if pid not in priors else ())
+                for pid, target, workload in taken]
+
+    def fleet_priors_of(self, target: Target, workload: Workload) -> tuple[Source, ...]:
+        """Other fingerprints' fresh decisions of the problem's family that keep a ranking, as priors named by
+        their fingerprint digests (at most ``SOURCES``, one lookup); none without spaces or ``fleet_priors``."""
+        family = self.fleet_family_id(target, workload) if self.fleet_priors is not None else None
+        if family is None:
+            return ()
+        assert self.fleet_priors is not None
+        now, ttl = time.time(), self.catalog.policy.ttl
+        found = [(digest, record) for digest, record in self.fleet_priors(family, target.digest, SOURCES)
+                 if digest != target.digest and record.is_fresh(now, ttl) and record.meta.get("fleet_family") == family]
+        return from_records(found)
 
 
 def expand(catalog: Catalog, targets: list[Target], run: str,

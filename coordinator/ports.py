@@ -1,16 +1,24 @@
-"""The run's ports (what the coordinator needs from the fleet, leases, results and run log) and its records
-(events for progress displays, the summary, the interruption)."""
+"""The run's ports (what the coordinator needs from the fleet, leases, results and run log, and the observer it
+reports to), the :class:`Parts` a run is given and its :class:`RunOptions`, and its records (events for progress
+displays, the summary, the interruption)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from farm_coordinator.aggregate import Aggregate
-from farm_coordinator.catalog import Workload
+from farm_coordinator.catalog import Workload, parse_run_budget
+from farm_coordinator.partial import is_partial
 from farm_coordinator.plan import PlannedProblem, Target
 from farm_fleet.errors import RunInterrupted
 from farm_fleet.protocol import GroupKey, GroupResult
+
+if TYPE_CHECKING:  # types only: the parts are built by their callers (farm_cli.parts)
+    from farm_coordinator.dispatch import Dispatcher
+    from farm_coordinator.precompile import Precompiler
+    from farm_coordinator.sinks import Sink
 
 
 class Fleet(Protocol):
@@ -64,23 +72,49 @@ class RunLog(Protocol):
 
     def start(self, run: str, catalog: str, groups: int) -> None: ...
 
-    def update(self, run: str, done: int, published: int, state: str = "running") -> None: ...
+    def update(self, run: str, done: int, published: int, state: str = "running", groups: int | None = None,
+               partial: int | None = None) -> None:
+        """Progress so far; ``groups``: the group tasks the run planned by now (a strategy plans more as its
+        search goes), ``partial``: how many of the published decisions the budget cut (``farm_coordinator.partial``)."""
+        ...
 
 
-class ProgressHook(Protocol):
-    """A display of a run's progress (``farm_cli.progress``): what the summary counts, as it happens."""
+class RunObserver(Protocol):
+    """The one observer of a run (``Parts.observer``): what the summary counts, as it happens, every
+    :class:`RunEvent`, and the run's notes. ``farm_coordinator.runview.ConsoleObserver`` is the default (notes on
+    stderr, a bar on a terminal); ``farm_cli.progress`` has the CLI's."""
 
-    def started(self, run: str, problems: int, reused: int, trials: int) -> None: ...
+    def started(self, run: str, problems: int, reused: int, trials: int) -> None:
+        """Once, before any group is sent: ``problems`` (``reused`` of them decided before) and planned trials."""
+        ...
+
+    def planned(self, trials: int) -> None:
+        """The search planned ``trials`` more (a space strategy's own groups, asked as it goes)."""
+        ...
 
     def group_done(self, trials: int) -> None: ...
 
-    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None: ...
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
+        """A problem settled: ``outcome`` "published", "failed" or "reused" (its aggregate when the run decided it)."""
+        ...
 
     def compiled(self, seconds: float) -> None:
         """The run's compile stage charged ``seconds`` (before any group is sent; once per run)."""
         ...
 
+    def event(self, event: RunEvent) -> None:
+        """Every state change and group result (:class:`RunEvent`)."""
+        ...
+
+    def note(self, message: str) -> None:
+        """A line for the operator (the compile stage's notes, an outage, a lost lease); plain text, not markup."""
+        ...
+
     def finished(self) -> None: ...
+
+    def stopped(self) -> None:
+        """The run ended by an exception (Ctrl-C) instead of finishing."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -97,6 +131,50 @@ class RunEvent:
     published: int
     failed: int
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What :func:`farm_coordinator.run.tune` runs on besides the catalog and the settings (built by
+    ``farm_cli.parts``). A Celery fleet has every part; the embedded farm has no leases, shared results, run log or
+    bans (None: a run uses local leases and no run log). ``sink``: the decision store itself (``RedisDecisions``,
+    ``LocalStore``). ``precompile``: the compile stage run before any group is sent, None for none.
+    ``observer``: the run's one observer, None for ``farm_coordinator.runview.ConsoleObserver()``."""
+
+    fleet: Fleet
+    dispatcher: Dispatcher
+    sink: Sink
+    leases: Leases | None = None
+    results: Results | None = None
+    runlog: RunLog | None = None
+    bans: Bans | None = None
+    precompile: Precompiler | None = None
+    observer: RunObserver | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How :func:`farm_coordinator.run.tune` runs. ``run``: the run id (None: a new one); ``force``: re-tune decided
+    problems; ``fingerprint``: only the targets whose digest starts with it (or whose fingerprint is it);
+    ``timeout``: seconds before the run gives up on what is left; ``poll``: seconds one collect waits;
+    ``keep_aggregates``: how many full aggregates the summary keeps (the first decided); ``priors``: seed space
+    searches from other fingerprints' decisions, found in the sink and ``prior_archives`` (``farm tune
+    --no-priors``, ``--priors-from``); ``budget_device_seconds``: the run's budget in device seconds, in place of the
+    catalog's ``run_budget`` (``farm tune --budget-device-seconds``; None: the catalog's)."""
+
+    run: str | None = None
+    force: bool = False
+    fingerprint: str | None = None
+    timeout: float | None = None
+    poll: float = 0.5
+    keep_aggregates: int = 1000
+    priors: bool = True
+    prior_archives: Sequence[str] = ()
+    budget_device_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_device_seconds is not None:
+            parse_run_budget(self.budget_device_seconds, "RunOptions", "budget_device_seconds")
 
 
 RAN, REUSED = "ran", "reused"
@@ -126,6 +204,7 @@ class RunSummary:
     aggregates: list[Aggregate] = field(default_factory=list)
     problems: list[Settled] = field(default_factory=list)
     published: int = 0
+    partial: int = 0  # published decisions whose search the budget cut (farm_coordinator.partial): a rerun continues
     failures: int = 0
     decided_before: int = 0
     trial_seconds: float = 0.0
@@ -137,6 +216,7 @@ class RunSummary:
     resent: int = 0  # groups sent again (lost, or their batch stopped early)
     device_seconds: float = 0.0  # what the decided problems' groups ran on their devices (the searches' cost)
     compile_seconds: float = 0.0  # what the run's compile stage charged (farm_coordinator.precompile)
+    budget: object | None = None  # what the run's budget bought (farm_coordinator.runbudget.Spent); None: no budget
 
     def decided(self, agg: Aggregate, error: str | None = None) -> None:
         """A problem this run decided: published (``agg.record``) or failed with ``error``."""
@@ -146,6 +226,7 @@ class RunSummary:
         self.device_seconds += agg.device_seconds
         if error is None:
             self.published += 1
+            self.partial += agg.record is not None and is_partial(agg.record.meta)
         else:
             self.failures += 1
         if len(self.aggregates) < self.keep:
@@ -172,7 +253,9 @@ class RunSummary:
 
 def run_interrupted(summary: RunSummary, remaining: int) -> RunInterrupted:
     """The error a run raises on Ctrl-C, carrying its summary so far."""
-    error = RunInterrupted(f"run {summary.run} interrupted with {remaining} problems unfinished; run the same "
-                           f"command again to resume (finished groups are reused, published problems skipped)")
+    headline = f"run {summary.run} interrupted with {remaining} problems unfinished"
+    error = RunInterrupted(f"{headline}; run the same command again to resume (finished groups are reused, "
+                           f"published problems skipped)")
     error.summary = summary
+    error.headline = headline  # what a caller with its own resume advice prints (the advice once, `farm tune`)
     return error

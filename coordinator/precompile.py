@@ -13,7 +13,7 @@ planner turns each into an Outcome REJECTED whose note is the stage's verdict (`
 registers x 1024 threads = 98304 > 65536 per block``, ``failed: FILE (sm_90, options ...): NVRTC_ERROR_COMPILATION:
 FILE(2): error: ...``, one line), planned out of its
 group like a banned candidate (``farm_coordinator.plan``) and left out of a space search's asks
-(``farm_coordinator.spacesearch``); the decision's candidate list carries it as ``rejected: infeasible: ...``.
+(``farm_coordinator.spacestrategy``); the decision's candidate list carries it as ``rejected: infeasible: ...``.
 
 A replay target (``farm worker --device replay:PATH``) has its recorded problems compiled here too, from the
 recording (:func:`replay_stage`): the recorded compile time of its configs is charged to this stage
@@ -44,7 +44,7 @@ Compiler = Callable[[Sequence["CompileJob"]], "CompileSummary"]
 """Compiles a run's jobs (or serves them from the kernel cache) and returns the stage's summary."""
 
 Precompiler = Callable[[Catalog, list[Target]], "Precompiled"]
-"""What a run calls before it plans (``farm_coordinator.run.tune(precompile=...)``): :func:`precompile` bound to
+"""What a run calls before it plans (``Parts.precompile`` of ``farm_coordinator.run.tune``): :func:`precompile` bound to
 the run's compiler and architecture (:func:`stage`)."""
 
 
@@ -197,7 +197,7 @@ def fleet_compiler(settings: Settings, cache: KernelCache, processes: int, timeo
     """On the fleet's ``compile`` queue when ``farm worker --compile`` workers answer (``online``, default: a
     Celery ping of them), else in a process pool here; either way into ``cache`` (the fleet's Redis)."""
     def run(jobs: Sequence[CompileJob]) -> CompileSummary:
-        from farm_workers.compile import compile_on_fleet, compile_workers
+        from farm_coordinator.compilefleet import compile_on_fleet, compile_workers
 
         serving = online() if online is not None else bool(compile_workers(settings))
         if serving:

@@ -1,6 +1,7 @@
 """Publication of a run's decisions: in batches (one sink call, each publication still atomic and fenced by its
 own lease) of up to ``PUBLISH_BATCH`` or ``PUBLISH_WAIT`` seconds. A complete space search's decision is
-indexed under its family's id too (:func:`family_alias`), in the same transaction."""
+indexed under its family's id too, and every spaced decision under its family's id across fingerprints (fleet
+priors) (:func:`family_alias`), in the same transaction."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Publisher:
         """A problem is decided: publish it (with the next batch, or once the store answers again). The first
         verdict of a claim stands: a later one (a confirmation given up on meanwhile) is ignored."""
         t = self.board[agg.problem.problem_id]
-        if t.state.verdict is not None:
+        if t.state.aggregate is not None:
             return
         if agg.record is None:
             self.settle.failed(t, agg.error or "nothing to publish", agg)
@@ -56,7 +57,7 @@ class Publisher:
         publications = []
         for agg in self.waiting:
             t = self.board.get(agg.problem.problem_id)
-            if t is None or t.state.verdict is not agg or t.stage not in ACTIVE or t.state.lease is None:
+            if t is None or t.state.aggregate is not agg or t.stage not in ACTIVE or t.state.lease is None:
                 continue
             assert agg.record is not None
             fence = self.leases.fence(t.pid, t.state.lease)
@@ -76,9 +77,13 @@ class Publisher:
 
 
 def family_alias(agg: Aggregate) -> tuple[str, ...]:
-    """The family id a complete space search's decision is indexed under as well (``Publication.aliases``): what
-    a grown space's next run looks up (``farm_coordinator.plan``); none for any other decision."""
+    """The ids a spaced decision is indexed under as well (``Publication.aliases``): its family's id when its search
+    was complete (what a grown space's next run looks up, ``farm_coordinator.plan``) and its family's id across
+    fingerprints when it keeps a ranking (what another fingerprint's run looks up for priors,
+    ``farm_coordinator.priors``); none for any other decision."""
     family, record = agg.problem.family, agg.record
-    if family is None or record is None or not family.problem_id or record.meta.get("covered") is None:
+    if family is None or record is None:
         return ()
-    return (family.problem_id,)
+    complete = bool(family.problem_id) and record.meta.get("covered") is not None
+    fleet = bool(family.fleet_id) and bool(record.meta.get("ranked"))
+    return (*((family.problem_id,) if complete else ()), *((family.fleet_id,) if fleet else ()))

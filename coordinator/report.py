@@ -20,17 +20,20 @@ from typing import Any
 
 from farm.atomicfile import write_atomic
 from farm.environment import fingerprint_parts
-from farm.trials import TrialVerdict, canonical_verdict
+from farm.identity import CacheKey
+from farm.trials import TrialVerdict
+from farm_archives.derived import decision_row
 from farm_coordinator.catalog import workload_label
 from farm_coordinator.feedback import run_origin
 from farm_coordinator.heatmap import heat_maps
+from farm_coordinator.partial import describe
 
 
 def load(archive: Path) -> list[dict[str, Any]]:
     """Every fingerprint of an archive directory (one ``<digest>/`` folder or a folder of them), verified."""
-    from farm.stores.archive import archive_folders, read_archive
+    from farm_archives.operations import read_archives
 
-    return [_fingerprint(read_archive(folder)) for folder in archive_folders(archive)]
+    return [_fingerprint(a) for a in read_archives(archive)]
 
 
 def _fingerprint(archive: Any) -> dict[str, Any]:
@@ -38,6 +41,8 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
     min_speedup = 1.05
     for entry in archive.entries.values():
         record = entry.record
+        if _family_index(record.cache_key):
+            continue  # the in-process family record of a decision listed on its own: not a problem of its own
         meta = dict(record.meta)
         min_speedup = _min_speedup(str(meta.get("accuracy_key") or ""), min_speedup)
         candidates: dict[str, dict[str, Any]] = {}
@@ -48,24 +53,26 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         for row in entry.trials:
             name = row.get("candidate")
             if row.get("role") == "candidate" and name is None:  # a group's own row: it never ran, or was lost
-                not_tried += canonical_verdict(str(row.get("verdict"))) == TrialVerdict.NOT_TRIED.value
+                not_tried += row.get("verdict") == TrialVerdict.NOT_TRIED.value
             if row.get("role") != "candidate" or name is None:
                 continue
             found = candidates.setdefault(name, {"name": name, "ratio": None, "mad": None, "verified": None,
                                                  "note": row.get("note") or "", "ratios": []})
             if row.get("reference_seconds") and row.get("candidate_seconds"):
                 found["ratios"].append(row["candidate_seconds"] / row["reference_seconds"])
+        named = _named(entry)
+        if not meta.get("candidates"):  # decided in process: its record keeps the winner's verdict only
+            _in_process_candidates(candidates, named["reference"], record, meta)
         problems.append({
-            "operation": str(meta.get("operation", "")),
-            "workload": workload_label(str(meta.get("operation", "")), meta.get("spec") or {}),
+            **named,
             "winner": record.name,
-            "reference": str(meta.get("reference", "")),
             "ratio": record.ratio,
             "verified": record.verified,
             "confirmation": str(meta.get("confirmation") or ""),
             "origin": run_origin(str(meta.get("run") or "")),
             "candidates": list(candidates.values()),
             "not_tried": not_tried,
+            "partial": describe(meta),  # a search the budget cut: what it left out, why, what changes it
             "spaces": heat_maps(record.cache_key, list(candidates.values())),
             "device_seconds": _seconds(meta.get("device_seconds")),
             "compile_seconds": _seconds(meta.get("compile_seconds")),
@@ -86,6 +93,41 @@ def _fingerprint(archive: Any) -> dict[str, Any]:
         "retuned": [{"operation": p["operation"], "workload": p["workload"], "winner": p["winner"],
                      "reason": p["origin"]} for p in problems if p["origin"]],
     }
+
+
+def _family_index(cache_key: str) -> bool:
+    """Whether a key is an in-process search's family record (``farm.spacesearch.family_record``: each space named
+    ``tiled[*]`` with its family's digest instead of its value lists), which indexes the decision it copies for a
+    grown space's next search."""
+    try:
+        candidates = CacheKey.decode(cache_key).candidates
+    except ValueError:
+        return False
+    return any(c.name.endswith("[*]") and len(c.revision) == 32 and all(ch in "0123456789abcdef" for ch in c.revision)
+               for c in candidates)
+
+
+def _named(entry: Any) -> dict[str, str]:
+    """A decision's operation, workload and reference as `farm archive inspect` shows them: from the farm's meta, or,
+    for a decision made in process (its meta holds its cost only), from its cache key (the adapter's operation name,
+    the workload signature, the reference's name in the key's manifest)."""
+    row = decision_row(entry.record, entry.problem_id, entry.text)
+    operation = str(row["operation"])
+    spec = json.loads(row["spec_json"]) if row["spec_json"] else None
+    workload = workload_label(operation, spec) if isinstance(spec, dict) else str(row["workload"])
+    return {"operation": operation, "workload": workload, "reference": str(row["reference"])}
+
+
+def _in_process_candidates(candidates: dict[str, dict[str, Any]], reference: str, record: Any,
+                           meta: dict[str, Any]) -> None:
+    """The candidates a decision made in process can show: its winner, with the record's ratio, and the reference."""
+    mad = meta.get("relative_mad")
+    note = "selected: decided in process (the record keeps the winner's verdict only)"
+    candidates.setdefault(record.name, {"name": record.name, "ratio": record.ratio,
+                                        "mad": mad if isinstance(mad, (int, float)) else None,
+                                        "verified": record.verified, "note": note, "ratios": []})
+    candidates.setdefault(reference, {"name": reference, "ratio": 1.0, "mad": None, "verified": True,
+                                      "note": "reference", "ratios": []})
 
 
 def _seconds(value: Any) -> float | None:
@@ -180,15 +222,50 @@ def default_title(archive: Path, fingerprints: list[dict[str, Any]]) -> str:
     return f"Tuning report: {name} ({', '.join(models) or 'no devices'}; {count} fingerprint{'s' * (count != 1)})"
 
 
-def write_report(archive: Path, out: Path, title: str | None = None, kernels: tuple[str, ...] = ()) -> int:
+def bought_card(problems: list[dict[str, Any]], weights: dict[str, float] | None = None) -> dict[str, Any]:
+    """What a fingerprint's searches bought (``farm_coordinator.budget.bought``): the fleet time its decisions save
+    per hour, each problem weighted by ``weights`` (``operation workload`` label -> weight: a catalog's; 1 each
+    without), how many searches are complete (a partial one may save more once a rerun continues it), and the
+    device seconds per problem, most first. ``lines``: the same as text (``farm report`` prints them)."""
+    from farm_coordinator.budget import Standing, bought
+
+    standings = [Standing(f"{p['operation']} {p['workload']}", i, (weights or {}).get(f"{p['operation']} {p['workload']}", 1.0),
+                          ratio=p["ratio"], spent=p["device_seconds"] or 0.0, finished=not p["partial"])
+                 for i, p in enumerate(problems)]
+    b = bought(standings)
+    complete = sum(s.finished for s in standings)
+    how = "weighted by the catalog" if weights is not None else "weight 1 each: --catalog for its weights"
+    lines = [f"fleet time saved {b.saved:,.4g} per hour ({how}); {complete} of {len(standings)} searches complete, "
+             f"{b.spent:,.1f} device s"]
+    lines += [f"  {seconds:,.1f} device s: {key} (saves {saved:,.4g} per hour)" for key, seconds, saved in b.problems[:5]]
+    return {"saved": b.saved, "complete": complete, "weighted": weights is not None, "lines": lines,
+            "problems": [{"problem": k, "device_seconds": s, "saved_per_hour": v} for k, s, v in b.problems]}
+
+
+def catalog_weights(path: Path, kernels: tuple[str, ...] = ()) -> dict[str, float]:
+    """A catalog's weights by ``operation workload`` label, as the report labels its problems."""
+    from farm_coordinator.catalog import load_catalog
+
+    catalog = load_catalog(path, kernels)
+    return {f"{w.operation} {workload_label(w.operation, w.spec)}": w.weight for w in catalog.workloads}
+
+
+def write_report(archive: Path, out: Path, title: str | None = None, kernels: tuple[str, ...] = (),
+                 weights: dict[str, float] | None = None, bought: list[str] | None = None) -> int:
     """Render the report of ``archive`` to ``out`` atomically; return the number of problems. ``kernels``: modules
     of the archive's plugin operations, so their workloads are labelled in schema order as `farm tune` prints them
-    (builtin and entry-point operations are always known; an unknown one shows its stored, sorted spec)."""
+    (builtin and entry-point operations are always known; an unknown one shows its stored, sorted spec).
+    ``weights``: each problem's weight (:func:`catalog_weights`) for what the searches bought (:func:`bought_card`),
+    whose lines, per fingerprint, are appended to ``bought`` when given."""
     if kernels:
         from farm_kernels import registry
 
         registry.ensure_loaded(kernels)
     fingerprints = load(archive)
+    for fp in fingerprints:
+        fp["bought"] = bought_card(fp["problems"], weights)
+        if bought is not None:
+            bought += [f"{str(fp['digest'])[:8]}: {fp['bought']['lines'][0]}", *fp["bought"]["lines"][1:]]
     write_atomic(out, render(fingerprints, title or default_title(archive, fingerprints)).encode())
     return sum(len(f["problems"]) for f in fingerprints)
 
@@ -248,16 +325,20 @@ function plot(p,minSpeedup){
 }
 function heat(h){
   // The explored configs of a space: rows and columns are the two parameters that matter most; a cell is coloured
-  // by its best ratio (green faster than the reference, red slower), a cross marks a cell with failed configs.
+  // by its best ratio (green faster than the reference, red slower), a cross marks a cell with failed configs, a
+  // dashed outline and a dash a cell with configs the search planned but never ran (not tried: not explored).
   const cw=54,ch=24,left=110,top=40,W=Math.max(520,left+cw*h.xs.length+10),H=top+ch*h.ys.length+10;
   const col=r=>{if(r===null)return "#eee";const t=Math.max(-1,Math.min(1,Math.log(r)/Math.log(4)));
     return t<0?`rgb(${Math.round(255+t*200)},${Math.round(255+t*60)},${Math.round(255+t*200)})`:`rgb(255,${Math.round(255-t*190)},${Math.round(255-t*190)})`;};
   let s=`<svg class="heat" width="${W}" height="${H}" role="img" aria-label="explored configs of ${esc(h.space)}">`;
-  s+=`<text x="4" y="12" font-size="11" fill="#444">${esc(h.space)}: ${h.explored} of ${h.size} configs explored; rows ${esc(h.y)}${h.x?`, columns ${esc(h.x)}`:""}</text>`;
+  const skipped=h.not_tried?` (${h.not_tried} not tried: the budget ran out)`:"";
+  s+=`<text class="heat-title" x="4" y="12" font-size="11" fill="#444">${esc(h.space)}: ${h.explored} of ${h.size} configs explored${skipped}; rows ${esc(h.y)}${h.x?`, columns ${esc(h.x)}`:""}</text>`;
   h.xs.forEach((v,j)=>{s+=`<text x="${left+j*cw+cw/2}" y="${top-6}" font-size="10" text-anchor="middle" fill="#666">${esc(v)}</text>`;});
   h.ys.forEach((v,i)=>{s+=`<text x="${left-6}" y="${top+i*ch+ch/2+4}" font-size="10" text-anchor="end" fill="#666">${esc(v)}</text>`;
     h.xs.forEach((_,j)=>{const c=h.cells[i][j],x=left+j*cw,y=top+i*ch;
-      s+=`<rect class="cell" x="${x}" y="${y}" width="${cw-2}" height="${ch-2}" fill="${c?col(c.best):"#f7f7f7"}"><title>${c?`${esc(c.name||"no ratio")}: best ${fmt(c.best)}, ${c.explored} explored, ${c.failed} failed`:"not explored"}</title></rect>`;
+      const untried=c&&c.not_tried?`, ${c.not_tried} not tried`:"";
+      s+=`<rect class="cell" x="${x}" y="${y}" width="${cw-2}" height="${ch-2}" fill="${c&&c.explored?col(c.best):"#f7f7f7"}"${c&&c.not_tried&&!c.explored?' stroke="#999" stroke-dasharray="3 2"':""}><title>${c?`${esc(c.name||(c.explored?"no ratio":"not tried"))}: best ${fmt(c.best)}, ${c.explored} explored, ${c.failed} failed${untried}`:"not explored"}</title></rect>`;
+      if(c&&c.not_tried&&!c.explored)s+=`<text class="not-tried" x="${x+cw/2-1}" y="${y+ch/2+3}" font-size="10" text-anchor="middle" fill="#888">&#x2013;</text>`;
       if(c&&c.best!==null)s+=`<text x="${x+cw/2-1}" y="${y+ch/2+3}" font-size="9" text-anchor="middle">${fmt(c.best,2)}</text>`;
       if(c&&c.failed)s+=`<text class="failed" x="${x+cw-8}" y="${y+10}" font-size="10" fill="#b00">&#x2715;</text>`;});});
   return s+"</svg>";
@@ -266,7 +347,8 @@ function detail(p,minSpeedup){
   let t=`<div>${plot(p,minSpeedup)}</div>${(p.spaces||[]).map(h=>`<div>${heat(h)}</div>`).join("")}<table><tr><th>candidate</th><th class="num">ratio</th><th class="num">rel. MAD</th><th>verified</th><th>verdict</th></tr>`;
   p.candidates.forEach(c=>{t+=`<tr><td class="${c.name===p.winner?"win":""}">${esc(c.name)}</td><td class="num">${fmt(c.ratio)}</td><td class="num">${fmt(c.mad)}</td><td>${c.verified?"yes":"no"}</td><td class="note">${esc(c.note)}</td></tr>`;});
   const untried=p.not_tried?` · ${p.not_tried} candidate group${p.not_tried>1?"s":""} not tried: the budget ran out before ${p.not_tried>1?"their":"its"} turn`:"";
-  return t+`</table><p class="note">cost: <span class="cost">device ${fmt(p.device_seconds,2)} s, compile ${fmt(p.compile_seconds,2)} s</span> · confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
+  const cut=p.partial?`<p class="note partial"><b>${esc(p.partial)}</b></p>`:"";
+  return t+`</table>${cut}<p class="note">cost: <span class="cost">device ${fmt(p.device_seconds,2)} s, compile ${fmt(p.compile_seconds,2)} s</span> · confirmation: ${esc(p.confirmation||"-")}${p.origin?` · ${esc(p.origin)}`:""}${untried}</p>`;
 }
 FPS.forEach((fp,fi)=>{
   const root=document.createElement("section");
@@ -277,6 +359,7 @@ FPS.forEach((fp,fi)=>{
   <div class="summary"><div class="card"><b>${fp.problems.length}</b> problems</div>
   <div class="card">median speedup over the reference <b>${fmt(fp.median_speedup,2)}x</b></div>
   <div class="card">searches cost <b>${fmt(fp.device_seconds,1)} device s</b>, ${fmt(fp.compile_seconds,1)} compile s</div>
+  ${fp.bought?`<div class="card bought">${fp.bought.lines.map(esc).join("<br>")}</div>`:""}
   <div class="card">winners by candidate:<br>${fp.winners.map(w=>`${esc(w[0])}: ${w[1]}`).join("<br>")}</div></div>
   ${fp.retuned.length?`<h3>Tuned from fleet reports</h3><ul>${fp.retuned.map(r=>`<li>${esc(r.operation)} ${esc(r.workload)} -> ${esc(r.winner)}: ${esc(r.reason)}</li>`).join("")}</ul>`:""}
   <div class="controls"><input type="search" placeholder="search operation, workload, winner" size="40" data-role="q">

@@ -14,7 +14,9 @@ a Redis or broker outage is waited out (back-off, never a traceback); a lost gro
 the work on its problem; publication is fenced by the lease's token; Ctrl-C revokes the run's queued tasks and
 releases its leases (:class:`RunInterrupted`).
 
-Progress: ``tune(..., on_event=callback)`` gets a :class:`RunEvent` for every state change and group result.
+Entry: ``tune(catalog, parts, settings, options)``: :class:`Parts` (the fleet, dispatcher, sink and the other ports
+the run is given, and its one :class:`RunObserver`, which gets the progress, a :class:`RunEvent` for every state
+change and group result, and the notes) and :class:`RunOptions` (frozen: run id, force, timeout, budget, ...).
 """
 
 from __future__ import annotations
@@ -23,24 +25,33 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-
-from rich.console import Console
+from dataclasses import replace
 
 from farm.errors import FarmError
 from farm_coordinator.aggregate import aggregate, confirm, unconfirmed
 from farm_coordinator.catalog import Catalog
 from farm_coordinator.claims import Claims, Taken
-from farm_coordinator.dispatch import Dispatcher
 from farm_coordinator.endings import expire, interrupt
 from farm_coordinator.machine import ACTIVE, Board, State, Tracked
-from farm_coordinator.plan import PlannedProblem, Planner, batch_size, in_flight_limit
-from farm_coordinator.ports import Bans, Fleet, Leases, ProgressHook, Results, RunEvent, RunLog, RunSummary
-from farm_coordinator.precompile import Precompiled, Precompiler
+from farm_coordinator.plan import FleetPriors, PlannedProblem, Planner, batch_size, in_flight_limit
+from farm_coordinator.ports import (
+    Fleet,
+    Leases,
+    Parts,
+    Results,
+    RunEvent,
+    RunLog,
+    RunObserver,
+    RunOptions,
+    RunSummary,
+)
+from farm_coordinator.precompile import Precompiled
+from farm_coordinator.priors import run_lookup
 from farm_coordinator.publish import PUBLISH_BATCH, PUBLISH_WAIT, Publisher
-from farm_coordinator.runview import CONFIRM_GROUP, confirm_task, hooked, progress, summary_table
+from farm_coordinator.runbudget import bought_by, budgeted
+from farm_coordinator.runview import CONFIRM_GROUP, ConsoleObserver, confirm_task, observed
 from farm_coordinator.settle import Settlement, quietly
-from farm_coordinator.sinks import Sink
-from farm_coordinator.spacesearch import strategy_for
+from farm_coordinator.spacestrategy import strategy_for
 from farm_coordinator.strategy import Strategy, next_tasks
 from farm_fleet.errors import RunInterrupted, StoreUnavailable
 from farm_fleet.protocol import STATUS_OK, GroupResult, GroupTask
@@ -48,127 +59,115 @@ from farm_fleet.results import reusable
 from farm_fleet.retry import transient
 from farm_fleet.settings import Settings
 
-__all__ = ["PUBLISH_BATCH", "PUBLISH_WAIT", "Fleet", "Leases", "Results", "RunEvent", "RunInterrupted",
-           "RunSummary", "summary_table", "tune"]
+__all__ = ["PUBLISH_BATCH", "PUBLISH_WAIT", "Fleet", "Leases", "Parts", "Results", "RunEvent", "RunInterrupted",
+           "RunObserver", "RunOptions", "RunSummary", "tune"]
 
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def tune(
-    catalog: Catalog,
-    fleet: Fleet,
-    dispatcher: Dispatcher,
-    sink: Sink,
-    settings: Settings,
-    *,
-    leases: Leases | None = None,
-    results: Results | None = None,
-    runlog: RunLog | None = None,
-    run: str | None = None,
-    force: bool = False,
-    fingerprint: str | None = None,
-    console: Console | None = None,
-    timeout: float | None = None,
-    poll: float = 0.5,
-    on_event: Callable[[RunEvent], None] | None = None,
-    progress: ProgressHook | None = None,
-    keep_aggregates: int = 1000,
-    bans: Bans | None = None,
-    precompile: Precompiler | None = None,
-) -> RunSummary:
-    """Run the catalog on the fleet and publish through ``sink``. Raises FarmError when no device can run it,
-    RunInterrupted on Ctrl-C. ``on_event`` receives a :class:`RunEvent` for every step (progress displays).
+DEFAULT_OPTIONS = RunOptions()
 
-    With ``leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
+
+def tune(catalog: Catalog, parts: Parts, settings: Settings, options: RunOptions = DEFAULT_OPTIONS) -> RunSummary:
+    """Run the catalog on ``parts.fleet`` and publish into ``parts.sink``. Raises FarmError when no device can run
+    it, RunInterrupted on Ctrl-C. ``parts.observer`` (:class:`RunObserver`; default
+    ``farm_coordinator.runview.ConsoleObserver``) is told the progress, every :class:`RunEvent` and the notes.
+
+    With ``parts.leases`` (Redis), problems another live coordinator holds are waited for (or taken over when its
     lease expires), and successful group results already stored under a problem's round are reused (resume after
     a crash); failed ones run again.
 
-    ``keep_aggregates``: how many full aggregates (verdicts, group results, records) the summary keeps, the first
-    decided; every problem is in ``summary.problems`` compactly and its record in the sink.
+    ``options.keep_aggregates``: how many full aggregates (verdicts, group results, records) the summary keeps, the
+    first decided; every problem is in ``summary.problems`` compactly and its record in the sink.
 
-    ``progress``: a display hook (``farm_cli.progress``) with ``started(run, problems, reused, trials)``,
-    ``group_done(trials)``, ``problem_done(outcome, aggregate=None)`` (outcome "published", "failed" or "reused")
-    and ``finished()``; without one, a rich bar per fingerprint is drawn on ``console`` when it is a terminal.
+    ``parts.precompile``: the compile stage run before any group is sent (``farm_coordinator.precompile``): the
+    configs it rejects are planned as REJECTED with its verdicts, never sent; its notes go to the observer.
 
-    ``precompile``: the compile stage run before any group is sent (``farm_coordinator.precompile``): the configs
-    it rejects are planned as REJECTED with its verdicts, never sent; its notes go to ``console``.
+    ``options.priors``: a problem whose fingerprint has no decision of its family starts its space search from
+    other fingerprints' decisions of the family, found in the sink's store and the ``options.prior_archives``
+    directories (``farm_coordinator.priors``); False: none (``farm tune --no-priors``).
+
+    ``options.budget_device_seconds`` (else ``catalog.run_budget``): the run's budget
+    (``farm_coordinator.runbudget``); what it bought is ``summary.budget``.
     """
-    from farm_coordinator.leases import LocalLeases
-    from farm_coordinator.runlog import NoRunLog
-
     settings.check_limits(catalog.policy, catalog.path)
-    state = _Run(catalog, fleet, dispatcher, sink, settings, leases or LocalLeases(), results, run or new_run_id(),
-                 force, console or Console(stderr=True), poll, runlog or NoRunLog(), on_event, keep_aggregates,
-                 progress)
-    state.precompile = precompile
-    return state.execute(fingerprint, timeout, bans)
+    if options.budget_device_seconds is not None:
+        catalog = replace(catalog, run_budget=options.budget_device_seconds)
+    state = _Run(catalog, parts, settings, options)
+    return bought_by(state.dispatcher, state.execute())
 
 
 class _Run:
     """The loop of one tuning run (see :func:`tune`): it owns the send queue and the queues between receiving,
     deciding and publishing; each problem's state lives on ``board``, changed through its transitions."""
 
-    def __init__(self, catalog: Catalog, fleet: Fleet, dispatcher: Dispatcher, sink: Sink, settings: Settings,
-                 leases: Leases, results: Results | None, run: str, force: bool, console: Console, poll: float,
-                 runlog: RunLog, on_event: Callable[[RunEvent], None] | None, keep: int,
-                 hook: ProgressHook | None, strategy: Strategy | None = None) -> None:
-        self.catalog, self.fleet, self.dispatcher = catalog, fleet, dispatcher
-        self.settings, self.leases, self.run = settings, leases, run
-        self.console, self.poll, self.runlog = console, poll, runlog
-        self.on_event, self.hook = on_event, hook
+    def __init__(self, catalog: Catalog, parts: Parts, settings: Settings, options: RunOptions,
+                 strategy: Strategy | None = None) -> None:
+        from farm_coordinator.leases import LocalLeases
+        from farm_coordinator.runlog import NoRunLog
+
+        self.catalog, self.fleet, self.settings, self.options = catalog, parts.fleet, settings, options
+        self.dispatcher = budgeted(parts.dispatcher, parts.fleet, catalog)  # catalog.run_budget's gate, if any
+        self.leases: Leases = parts.leases if parts.leases is not None else LocalLeases()
+        self.run = options.run or new_run_id()
+        self.observer: RunObserver = parts.observer if parts.observer is not None else ConsoleObserver()
+        self.runlog: RunLog = parts.runlog if parts.runlog is not None else NoRunLog()
+        self.bans, self.precompile = parts.bans, parts.precompile
         self.strategy = strategy if strategy is not None else strategy_for(catalog.policy)
         self.policy = catalog.policy
         self.queue: deque[tuple[GroupTask, str]] = deque()
         self.board = Board([], self._moved, keep_final=False)
-        self.summary = RunSummary(run, keep=keep)
-        self.settle = Settlement(self.board, leases, self.summary, hook)
-        self.claims = Claims(run, self.board, leases, sink, self.settle, settings, console, dispatcher, results, force)
-        self.publisher = Publisher(self.board, leases, sink, self.settle, self.claims,
+        self.summary = RunSummary(self.run, keep=options.keep_aggregates)
+        self.settle = Settlement(self.board, self.leases, self.summary, self.observer)
+        self.claims = Claims(self.run, self.board, self.leases, parts.sink, self.settle, settings, self.observer.note,
+                             self.dispatcher, parts.results, options.force)
+        self.publisher = Publisher(self.board, self.leases, parts.sink, self.settle, self.claims,
                                    lambda: bool(self.queue or self.dispatcher.in_flight()))
         self.inbox: deque[GroupResult] = deque()  # results collected, not yet handled
         self.to_decide: deque[str] = deque()  # problems whose search ended
         self.observed: deque[float] = deque(maxlen=64)  # trial seconds of recent groups, for batch sizing
         self.batch_cap: int = settings.batch_limit(self.policy)
-        self.advance: Callable[[str, int], None] = lambda digest, trials: None
+        self.advance: Callable[[int, int], None] = lambda trials, planned: None
         self.groups_done = 0
-        self.precompile: Precompiler | None = None
+        # other fingerprints' decisions (farm_coordinator.priors)
+        self.fleet_priors: FleetPriors | None = run_lookup(parts.sink, options.priors, options.prior_archives)
         self.precompiled = Precompiled()  # what the compile stage found and charged (empty without one)
 
     # -- events --------------------------------------------------------------------------------------------
 
     def emit(self, kind: str, problem: PlannedProblem | None = None, note: str = "") -> None:
-        if self.on_event is not None:
-            self.on_event(RunEvent(kind, problem, self.groups_done, self.summary.tasks, self.summary.published,
-                                   self.summary.failures, note))
+        self.observer.event(RunEvent(kind, problem, self.groups_done, self.summary.tasks, self.summary.published,
+                                     self.summary.failures, note))
 
     def _moved(self, tracked: Tracked, old: State, new: State) -> None:
         self.emit(new.value, tracked.plan, tracked.state.note)
 
     def _record(self, state: str = "running") -> None:
-        self.runlog.update(self.run, self.groups_done, self.summary.published, state=state)
+        self.runlog.update(self.run, self.groups_done, self.summary.published, state=state, groups=self.summary.tasks,
+                           partial=self.summary.partial)
 
     # -- the run ------------------------------------------------------------------------------------------
 
-    def execute(self, fingerprint: str | None, timeout: float | None, bans: Bans | None) -> RunSummary:
+    def execute(self) -> RunSummary:
+        fingerprint = self.options.fingerprint
         targets = self.fleet.targets()
         if fingerprint:
             targets = [t for t in targets if t.digest.startswith(fingerprint) or t.fingerprint == fingerprint]
         if not targets:
             raise FarmError("no live workers" + (f" with fingerprint {fingerprint}" if fingerprint else "")
                             + ": start `farm worker` first")
-        banned = {t.digest: bans.banned(t.digest) for t in targets} if bans is not None else None
+        banned = {t.digest: self.bans.banned(t.digest) for t in targets} if self.bans is not None else None
         precompiled = self.precompile(self.catalog, targets) if self.precompile is not None else None
-        for note in precompiled.notes if precompiled is not None else ():
-            self.console.log(note, markup=False)  # notes name configs: tiled[block=32] is not markup
         if precompiled is not None:
+            for note in precompiled.notes:
+                self.observer.note(note)
             self.precompiled = precompiled
             self.summary.compile_seconds = precompiled.seconds
-            if self.hook is not None:
-                self.hook.compiled(precompiled.seconds)
+            self.observer.compiled(precompiled.seconds)
         planner = Planner(self.catalog, targets, self.run, banned, precompiled.rejected if precompiled else None,
-                          None if self.claims.force else self.claims.sink.problem_records)
+                          None if self.claims.force else self.claims.sink.problem_records, self.fleet_priors)
         if next(planner.pairs(), None) is None:
             kinds = sorted({t.device_kind for t in targets})
             raise FarmError(f"{self.catalog.path}: no workload matches the device kinds online ({kinds})")
@@ -176,20 +175,20 @@ class _Run:
         survey = self.claims.survey(planner)
         self.summary.tasks = survey.tasks
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
+        deadline = None if self.options.timeout is None else started + self.options.timeout
         self.runlog.start(self.run, self.catalog.path, self.summary.tasks)
         try:
             reused = len(survey.decided)
-            view = (progress(self.console, survey.trials) if self.hook is None else
-                    hooked(self.hook, self.run, survey.problems + reused, reused, sum(survey.trials.values())))
-            with view as advance:
+            with observed(self.observer, self.run, survey.problems + reused, reused,
+                          sum(survey.trials.values())) as advance:
                 self.advance = advance
                 self._loop(deadline)
         except KeyboardInterrupt:
             interrupt(self.board, self.claims, self.publisher, self.dispatcher, self.leases, self.summary,
                       self._record)
         self.summary.wall_seconds = time.monotonic() - started
-        quietly(lambda: self._record("finished"))
+        every_one_failed = self.summary.failures and not (self.summary.published or self.summary.decided_before)
+        quietly(lambda: self._record("failed" if every_one_failed else "finished"))
         return self.summary
 
     def _loop(self, deadline: float | None) -> None:
@@ -216,17 +215,17 @@ class _Run:
                     # Nothing to wait on but upkeep (problems held elsewhere): sleep, never spin.
                     time.sleep(max(0.0, min(next_upkeep - time.monotonic(), 5.0)))
                     continue
-                self.inbox.extend(self.dispatcher.collect(wait=self.poll))
+                self.inbox.extend(self.dispatcher.collect(wait=self.options.poll))
                 self.drain()
                 if outage:
-                    self.console.log("the farm's Redis and broker answer again; carrying on")
+                    self.observer.note("the farm's Redis and broker answer again; carrying on")
                     self.emit("resumed")
                     outage = 0.0
             except Exception as e:
                 if not (isinstance(e, StoreUnavailable) or transient(e)):
                     raise
                 if not outage:
-                    self.console.log(f"lost the farm's Redis or broker ({e}); waiting for it to come back", markup=False)
+                    self.observer.note(f"lost the farm's Redis or broker ({e}); waiting for it to come back")
                     self.emit("outage", note=str(e))
                 outage = min(max(outage * 2, 0.2), 5.0)
                 time.sleep(outage)
@@ -234,6 +233,9 @@ class _Run:
     def _taken(self, taken: Taken) -> None:
         """Apply a claim step: reuse the stored results, queue each newly leased problem's next groups, and
         publish unconfirmed the winners whose confirming worker went away."""
+        for _digest, tasks, trials in taken.replanned:
+            self.summary.tasks += tasks
+            self.advance(0, trials)
         for result in taken.reused:
             self.on_result(result, reused=True)
         for t in taken.mine:
@@ -252,7 +254,7 @@ class _Run:
         while self.to_decide:
             t = self.board.get(self.to_decide[0])
             if (t is not None and t.stage in (State.QUEUED, State.RUNNING) and t.state.ended
-                    and t.state.verdict is None):
+                    and t.state.aggregate is None):
                 self._decide(t)
             self.to_decide.popleft()
         self.publisher.publish()
@@ -264,7 +266,7 @@ class _Run:
 
     def _sendable(self, task: GroupTask) -> bool:
         t = self.board.get(task.problem_id)
-        if t is None or task.run != t.state.round:
+        if t is None or task.run != t.state.run:
             return False
         if task.group == CONFIRM_GROUP:
             return t.stage is State.CONFIRMING
@@ -278,7 +280,9 @@ class _Run:
             if not self._sendable(task):
                 continue
             batch = [task]
-            while self.queue and len(batch) < size and self.queue[0][1] == name:
+            # One operation per batch: its task is named by it from sending to success (farm_coordinator.tasknames).
+            while (self.queue and len(batch) < size and self.queue[0][1] == name
+                   and self.queue[0][0].operation == task.operation):
                 nxt = self.queue.popleft()[0]
                 if self._sendable(nxt):
                     batch.append(nxt)
@@ -293,7 +297,7 @@ class _Run:
     def _lost(self, task: GroupTask) -> None:
         """A group in flight will not come back as sent: send it again, or fail its problem past the bound."""
         t = self.board.get(task.problem_id)
-        if t is None or t.stage not in ACTIVE or task.run != t.state.round:
+        if t is None or t.stage not in ACTIVE or task.run != t.state.run:
             return
         self.summary.resent += 1
         lost = self.board.lost(t.pid, task.group)
@@ -310,7 +314,7 @@ class _Run:
 
     def on_result(self, result: GroupResult, reused: bool = False) -> None:
         t = self.board.get(result.problem_id)
-        if t is None or t.stage not in ACTIVE or result.run != t.state.round:
+        if t is None or t.stage not in ACTIVE or result.run != t.state.run:
             return
         if result.group == CONFIRM_GROUP:
             if t.stage is State.CONFIRMING:
@@ -332,7 +336,7 @@ class _Run:
             self.summary.ran += 1
             self.observed.append(result.trial_seconds)
             self.emit("group", t.plan, result.group)
-        self.advance(t.plan.target.digest, len(t.state.asked.get(result.group) or _candidates(t, result.group)))
+        self.advance(len(t.state.asked.get(result.group) or _candidates(t, result.group)), 0)
         if not reused:
             self.queue_next(t)
 
@@ -345,7 +349,11 @@ class _Run:
         name = self.fleet.queue(t.plan.target)
         tasks, not_tried = next_tasks(t.plan, t.state, self.policy.budget, self.strategy,
                                       max(1, len(t.plan.target.workers)))
-        stored = self._stored([task for task in tasks if t.plan.task(task.group) is None])
+        invented = [task for task in tasks if t.plan.task(task.group) is None]  # a strategy's own groups: planned now
+        if invented:
+            self.summary.tasks += len(invented)
+            self.advance(0, sum(len(task.candidates) for task in invented))
+        stored = self._stored(invented)
         self.queue.extend((task, name) for task in tasks if task.group not in stored)
         if self.board.asked(t.pid, tasks, not_tried):
             self.to_decide.append(t.pid)
@@ -368,7 +376,7 @@ class _Run:
             helper = self.fleet.confirmer(t.plan.target, agg.winner_worker)
             if helper is not None:
                 self.board.confirming(t.pid, agg, (helper[0], helper[2]))
-                self.queue.appendleft((confirm_task(t.plan, t.state.round or "", agg), helper[1]))
+                self.queue.appendleft((confirm_task(t.plan, t.state.run or "", agg), helper[1]))
                 return
             agg = unconfirmed(agg, self.policy)
         self.publisher.conclude(agg)

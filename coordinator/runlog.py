@@ -11,11 +11,13 @@ from farm_fleet.settings import Settings
 
 RUNNING = "running"
 FINISHED = "finished"
+FAILED = "failed"  # the run ended and every problem it decided failed (none published)
+ENDED = (FINISHED, FAILED)
 
 
 class RedisRunLog:
-    """``prefix:run:<id>`` hash (catalog, host, pid, started, updated, groups, done, published, state), indexed in
-    the ``prefix:runs`` sorted set by start time. Finished runs expire after the result ttl."""
+    """``prefix:run:<id>`` hash (catalog, host, pid, started, updated, groups, done, published, partial, state),
+    indexed in the ``prefix:runs`` sorted set by start time. Ended runs expire after the result ttl."""
 
     def __init__(self, client: Any, settings: Settings) -> None:
         self.client = client
@@ -31,11 +33,19 @@ class RedisRunLog:
             pipe.zadd(self.settings.runs_key, {run: now})
             pipe.execute()
 
-    def update(self, run: str, done: int, published: int, state: str = RUNNING) -> None:
+    def update(self, run: str, done: int, published: int, state: str = RUNNING, groups: int | None = None,
+               partial: int | None = None) -> None:
+        """Record the run's progress; ``groups``: the group tasks planned so far (a space strategy plans more as it
+        goes), ``partial``: the published decisions the budget cut (both kept as they were when not given)."""
         key = self.settings.run_key(run)
+        fields: dict[str, object] = {"updated": time.time(), "done": done, "published": published, "state": state}
+        if groups is not None:
+            fields["groups"] = groups
+        if partial is not None:
+            fields["partial"] = partial
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"updated": time.time(), "done": done, "published": published, "state": state})
-            if state == FINISHED:
+            pipe.hset(key, mapping=fields)
+            if state in ENDED:
                 pipe.expire(key, int(self.settings.result_ttl))
             pipe.execute()
 
@@ -56,5 +66,6 @@ class NoRunLog:
     def start(self, run: str, catalog: str, groups: int) -> None:
         return None
 
-    def update(self, run: str, done: int, published: int, state: str = RUNNING) -> None:
+    def update(self, run: str, done: int, published: int, state: str = RUNNING, groups: int | None = None,
+               partial: int | None = None) -> None:
         return None

@@ -1,5 +1,5 @@
-"""What a run shows and the confirmation task it builds: the progress bars, the summary table, and the
-helper that turns a winner into a confirmation task."""
+"""What a run shows and the confirmation task it builds: the default observer (:class:`ConsoleObserver`), the
+progress it is told (:func:`observed`), and the helper that turns a winner into a confirmation task."""
 
 from __future__ import annotations
 
@@ -13,31 +13,32 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from farm_coordinator.aggregate import Aggregate
-from farm_coordinator.catalog import workload_label
 from farm_coordinator.plan import PlannedProblem
 from farm_fleet.protocol import GroupTask
 
 if TYPE_CHECKING:
-    from farm_coordinator.ports import ProgressHook, RunSummary
+    from farm_coordinator.ports import RunEvent, RunObserver
 
 CONFIRM_GROUP = "confirm"
 
 
-def confirm_task(problem: PlannedProblem, round_id: str, agg: Aggregate) -> GroupTask:
-    """The task that re-times ``agg``'s winner on a second device (group ``confirm`` of the problem's round
-    ``round_id``), naming it by name and revision as every task does."""
+def confirm_task(problem: PlannedProblem, run: str, agg: Aggregate) -> GroupTask:
+    """The task that re-times ``agg``'s winner on a second device (group ``confirm`` under ``run``, the run id the
+    problem's results live under), naming it by name and revision as every task does."""
     assert agg.record is not None
     base = problem.tasks[0]
     winner = (agg.record.name, _revision(problem, agg))
-    return GroupTask(round_id, base.problem_id, CONFIRM_GROUP, base.operation, base.device_kind, base.spec, (winner,),
-                     base.policy, base.fingerprint, base.kernels, confirm_of=agg.record.name, expects=base.expects)
+    return GroupTask(run=run, problem_id=base.problem_id, group=CONFIRM_GROUP, operation=base.operation,
+                     device_kind=base.device_kind, spec=base.spec, candidates=(winner,), policy=base.policy,
+                     fingerprint=base.fingerprint, kernels=base.kernels, confirm_of=agg.record.name,
+                     expects=base.expects)
 
 
 def _revision(problem: PlannedProblem, agg: Aggregate) -> str:
@@ -50,46 +51,68 @@ def _revision(problem: PlannedProblem, agg: Aggregate) -> str:
         return next(o.revision for o in result.outcomes if o.name == agg.record.name)
 
 
+class ConsoleObserver:
+    """The default observer of a run (``Parts.observer`` None): notes logged on ``console`` (stderr), each
+    :class:`RunEvent` passed to ``on_event`` when given, and, on a terminal, one bar of the run's trials. A
+    display that wants only some of the hooks subclasses it."""
+
+    def __init__(self, console: Console | None = None, on_event: Callable[[RunEvent], None] | None = None) -> None:
+        self.console = console if console is not None else Console(stderr=True)
+        self.on_event = on_event
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        self.bars = Progress(*columns, console=self.console, transient=False, disable=not self.console.is_terminal)
+        self.bar: TaskID | None = None
+
+    def started(self, run: str, problems: int, reused: int, trials: int) -> None:
+        self.bars.start()
+        self.bar = self.bars.add_task(escape(f"run {run}"), total=trials)
+
+    def planned(self, trials: int) -> None:
+        if self.bar is not None:
+            self.bars.update(self.bar, total=(self.bars.tasks[self.bar].total or 0) + trials)
+
+    def group_done(self, trials: int) -> None:
+        if self.bar is not None:
+            self.bars.advance(self.bar, trials)
+
+    def problem_done(self, outcome: str, aggregate: Aggregate | None = None) -> None:
+        """Counted by the bar's trials."""
+
+    def compiled(self, seconds: float) -> None:
+        """Its notes are on the console already."""
+
+    def event(self, event: RunEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def note(self, message: str) -> None:
+        self.console.log(message, markup=False)  # notes name configs: tiled[block=32] is not markup
+
+    def finished(self) -> None:
+        self.bars.stop()
+
+    def stopped(self) -> None:
+        self.bars.stop()
+
+
 @contextmanager
-def progress(console: Console, totals: dict[str, int]) -> Iterator[Callable[[str, int], None]]:
-    """One bar per fingerprint (``totals``: digest -> trials), in trials; yields ``advance(digest, trials)``."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False, disable=not console.is_terminal) as bars_view:
-        bars = {digest: bars_view.add_task(f"fingerprint {digest[:8]}", total=total) for digest, total in totals.items()}
+def observed(observer: RunObserver, run: str, problems: int, reused: int,
+             trials: int) -> Iterator[Callable[[int, int], None]]:
+    """The run's progress on ``observer``: problems (with the ``reused`` already decided) and trials; yields
+    ``advance(trials, planned)``: ``trials`` more done, ``planned`` more planned (a strategy's own groups, asked as
+    it goes). A run that ends by an exception (Ctrl-C) is not ``finished``: the observer is ``stopped()``."""
 
-        def advance(digest: str, trials: int) -> None:
-            bars_view.advance(bars[digest], trials)
+    def advance(done: int, planned: int) -> None:
+        if planned:
+            observer.planned(planned)
+        if done or not planned:
+            observer.group_done(done)
 
-        yield advance
-
-
-@contextmanager
-def hooked(hook: ProgressHook, run: str, problems: int, reused: int, trials: int) -> Iterator[Callable[[str, int], None]]:
-    """A progress hook in place of the bars: problems (with the ``reused`` already decided) and trials."""
-    hook.started(run, problems, reused, trials)
     try:
-        yield lambda digest, trials: hook.group_done(trials)
-    finally:
-        hook.finished()
-
-
-def summary_table(summary: RunSummary) -> Table:
-    """The decisions of a run as a table: one row per problem whose aggregate the summary kept."""
-    table = Table(title=escape(f"run {summary.run}: {summary.published} decisions, {summary.decided_before} already "
-                        f"decided, {summary.failures} failed; group results: {summary.ran} ran, "
-                        f"{summary.reused} reused"))
-    for column in ("fingerprint", "operation", "workload", "winner", "ratio", "verified", "confirmation", "lost"):
-        table.add_column(column, no_wrap=column != "workload")
-    for agg in sorted(summary.aggregates, key=lambda a: (a.problem.target.digest, a.problem.workload.where)):
-        r = agg.record
-        workload = workload_label(agg.problem.workload.operation, agg.problem.workload.spec)
-        row = [escape(v) for v in (agg.problem.target.digest[:8], agg.problem.workload.operation, workload)]
-        if r is None:
-            table.add_row(*row, "-", "-", "-", "-", escape(agg.error or ""))
-            continue
-        lost = sum(1 for c in r.meta.get("candidates", []) if c["name"] != r.name)
-        confirmation = str(r.meta.get("confirmation") or "-").split(":")[0]
-        table.add_row(*row, escape(r.name), f"{r.ratio:.3f}", "yes" if r.verified else "no", escape(confirmation),
-                      str(lost))
-    return table
+        observer.started(run, problems, reused, trials)  # a Ctrl-C right after the first line is a stop too
+        yield advance
+    except BaseException:
+        observer.stopped()
+        raise
+    observer.finished()

@@ -9,7 +9,7 @@ from farm_coordinator.aggregate import Aggregate
 from farm_coordinator.catalog import Workload
 from farm_coordinator.machine import Board, State, Tracked
 from farm_coordinator.plan import Target
-from farm_coordinator.ports import Leases, ProgressHook, RunSummary
+from farm_coordinator.ports import Leases, RunObserver, RunSummary
 from farm_fleet.errors import StoreUnavailable
 from farm_fleet.retry import transient
 
@@ -26,14 +26,13 @@ def quietly(call: Callable[[], object]) -> None:
 
 
 class Settlement:
-    """Ends problems on the board and records how (``summary``, ``hook``)."""
+    """Ends problems on the board and records how (``summary``, ``observer``)."""
 
-    def __init__(self, board: Board, leases: Leases, summary: RunSummary, hook: ProgressHook | None) -> None:
-        self.board, self.leases, self.summary, self.hook = board, leases, summary, hook
+    def __init__(self, board: Board, leases: Leases, summary: RunSummary, observer: RunObserver) -> None:
+        self.board, self.leases, self.summary, self.observer = board, leases, summary, observer
 
     def _show(self, outcome: str, agg: Aggregate | None = None) -> None:
-        if self.hook is not None:
-            self.hook.problem_done(outcome, agg)
+        self.observer.problem_done(outcome, agg)
 
     def published(self, t: Tracked, agg: Aggregate, reason: str, release: bool) -> None:
         """``agg`` is stored (``reason`` says how); ``release``: its lease still needs releasing (an unfenced

@@ -73,6 +73,16 @@ def groups_done(run: dict[str, Any]) -> str:
     return text
 
 
+def published(run: dict[str, Any]) -> str:
+    """The run's published decisions; those the budget cut say so: ``5 (2 partial: the budget stopped their
+    search; raise budget in [policy], the next farm tune continues them)``."""
+    done, partial = int(float(run.get("published", 0) or 0)), int(float(run.get("partial", 0) or 0))
+    if not partial:
+        return str(done)
+    return (f"{done} ({partial} partial: the budget stopped {'their' if partial != 1 else 'its'} search; raise budget "
+            f"in [policy], the next farm tune continues {'them' if partial != 1 else 'it'})")
+
+
 def fingerprint_regime(fingerprint: str) -> str:
     """The execution regime a fingerprint's decisions were measured in (``cpus=1; blas=1 (...); openmp=1``), ""
     for one without a host regime (CUDA): applications in another regime are served none of them."""
@@ -115,7 +125,7 @@ def render(status: dict[str, Any]) -> Group:
     for r in status["runs"]:
         runs.add_row(*(escape(str(v)) for v in (r["run"], r.get("catalog", ""), r.get("host", ""), r["state"])),
                      groups_done(r),
-                     str(r.get("published", 0)))
+                     escape(published(r)))
     reports = Table(title=f"fleet reports waiting ({status['feedback']['total']}; farm tune --from-fleet)")
     for column in ("operation", "fingerprint", "kind", "reports", "hosts"):
         reports.add_column(column)

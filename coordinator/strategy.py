@@ -95,7 +95,7 @@ def next_tasks(plan: PlannedProblem, state: ProblemState, budget: float, strateg
         spent = sum(r.search_seconds for r in results.values())
         left = None if not results else budget - spent
         for ask in asks:
-            task = _task(plan, state.round, ask)
+            task = _task(plan, state.run, ask)
             if left is not None and left <= 0 and not ask.whole_budget:
                 results[ask.group] = result = GroupResult.not_tried(task, budget_note(budget))
                 not_tried.append(result)

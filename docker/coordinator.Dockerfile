@@ -34,6 +34,7 @@ COPY kernels /src/kernels
 COPY workers /src/workers
 COPY coordinator /src/coordinator
 COPY fleet /src/fleet
+COPY archive_tools /src/archive_tools
 COPY cli /src/cli
 COPY triton_adapter /src/triton_adapter
 RUN python3 -m pip install --no-deps --no-build-isolation /src \

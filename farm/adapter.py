@@ -8,6 +8,7 @@ re-raised: the request is never replayed on another kernel.
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -104,14 +105,25 @@ class RuntimeTrials:
         self.indices = indices
         self.timing = timing
         self.last_check: OutputCheck | None = None
-        self.throttle_probe: Callable[[], bool] | None = nvml_throttle_probe(client)
         # The cost of the trials so far: every run on the device (validation, warm-ups, timed runs), in seconds.
         self.device_seconds = 0.0
-        # A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too, and
-        # this process's context switches do not disturb it (farm.interference).
-        self.simulated = bool(getattr(client, "simulated", False))
-        self._profiled = timing is Timing.DEVICE or self.simulated
         self._expected: tuple[int, Any] | None = None  # the reference's output: computed once, compared many times
+        # Everything else is worked out on the first trial: a memory hit builds this runner and never runs one.
+
+    @functools.cached_property
+    def throttle_probe(self) -> Callable[[], bool] | None:
+        """NVML's throttle probe of a CUDA client, or None (``farm.runner.ProbesThrottle``)."""
+        return nvml_throttle_probe(self.client)
+
+    @functools.cached_property
+    def simulated(self) -> bool:
+        """A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too, and
+        this process's context switches do not disturb it (farm.interference)."""
+        return bool(getattr(self.client, "simulated", False))
+
+    @functools.cached_property
+    def _profiled(self) -> bool:
+        return self.timing is Timing.DEVICE or self.simulated
 
     def _run(self, index: int, inputs: Inputs, fn: Callable[..., Any] | None = None) -> Any:
         fn = self.tunable[index].fn if fn is None else fn
@@ -201,6 +213,7 @@ class Prepared(NamedTuple):
     request: Request
     indices: Sequence[int]
     fns: Sequence[Callable[..., Any]]
+    calls: list[int]  # item 0 counts this workload's calls: the fleet reporter's counter (farm.feedback)
 
 
 def problem_for(name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs) -> Problem:
@@ -244,13 +257,16 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
     request = tuner.request(problem, candidates, 0, device=client.device_id)
     if not tunable.nearest:  # the operation refuses borrowed decisions (farm.borrowing)
         request = request._replace(nearest=False)
+    calls = [0, 0]
+    if tuner.feedback is not None:  # once per workload, off the hit path: what a fleet report says this key is
+        tuner.feedback.describe(problem, request.key, name, client.device_kind, _spec(tunable, inputs))
+        counter = getattr(tuner.feedback, "counter", None)  # FleetReporter: this workload's calls, for weights
+        if counter is not None:
+            calls = counter(request.key)
     if tunable.spaces:
-        built = Prepared(request, order, _Functions(tunable, order))
+        built = Prepared(request, order, _Functions(tunable, order), calls)
     else:
-        built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order))
-    describe = getattr(tuner.feedback, "describe", None)
-    if describe is not None:  # once per workload, off the hit path: what a fleet report says this key is
-        describe(problem, request.key, name, client.device_kind, _spec(tunable, inputs))
+        built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order), calls)
     with tunable.prepared_lock:
         if len(tunable.prepared) >= 4096:
             tunable.prepared.pop(next(iter(tunable.prepared)))
@@ -270,6 +286,7 @@ def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_
         raise TuneFailure.unavailable(f"{name}: stack autotuning is not enabled")
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     prepared = prepare(tuner, name, device_id, client, tunable_set, args)
+    prepared.calls[0] += 1  # the fleet's call count of this workload (weights): one list item, no lock
     decision = tuner.select_request(
         prepared.request, RuntimeTrials(client, tunable_set, args, prepared.indices, tuner.policy.timing)
     )

@@ -22,15 +22,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container, Sequence
-from typing import Any
+from collections.abc import Container, Sequence
+from typing import Protocol, runtime_checkable
 
-from farm.decisions import Decision, DecisionSource, NearestDecision
-from farm.errors import DeviceBusy, FailureKind, TuneFailure
-from farm.identity import fits_workspace
+from farm.decisions import Decision, DecisionSource, NearestDecision, Request, refusal, validate_stored
 from farm.nearest import NearestHit, NearestQuery, nearest_first, query_of
 from farm.policy import StackPolicy
 from farm.runner import TrialRunner, Validation
+from farm.stores.base import DecisionStore
 
 log = logging.getLogger(__name__)
 
@@ -75,79 +74,63 @@ class Borrowing:
         """The origin key whose winner failed on ``key``, when one did."""
         return self._refused.get(key)
 
-    def borrow(self, req: Any, runner: TrialRunner, policy: StackPolicy, stores: Sequence[Any],
-               banned: Container[tuple[str, str]], feedback: Any = None) -> Decision | None:
-        """Serve ``req`` (a farm.engine.Request) from the nearest usable decision of ``stores`` (None entries are
-        skipped); None when the policy or the request refuses nearest decisions, the problem is not persistent,
-        none is near, or the one found failed its validation. A DEVICE failure during the validation propagates.
-        ``banned`` holds the controller's (key, candidate name) bans. A served decision is marked on a fleet
-        reporter ``feedback`` (farm.feedback: the miss it reports next says ``served: nearest``)."""
+    def borrow(self, req: Request, runner: TrialRunner, policy: StackPolicy, stores: Sequence[DecisionStore | None],
+               banned: Container[tuple[str, str]]) -> NearestDecision | None:
+        """Serve ``req`` from the nearest usable decision of ``stores`` (None entries and stores without a
+        nearest-decision index are skipped); None when the policy or the request refuses nearest decisions, the
+        problem is not persistent, none is near, or the one found failed its validation. A DEVICE failure or a busy
+        device during the validation propagates. ``banned`` holds the controller's (key, candidate name) bans. The
+        caller marks a served decision on its fleet feedback (the miss it reports next says ``served: nearest``)."""
         if not (policy.nearest and req.nearest and req.problem.persistent) or req.key in self._refused:
             return None
         query = query_of(req.key)
         if query is None:
             return None
-        candidate = _nearest_usable(req, query, policy, [s for s in stores if s is not None], banned)
+        indexes: list[NearestIndex] = []
+        for store in stores:
+            if isinstance(store, NearestIndex):
+                indexes.append(store)
+        candidate = _nearest_usable(req, query, policy, indexes, banned)
         if candidate is None:
             return None
         record = candidate.record
-        verified = True
-        if record.index != req.reference:
-            try:
-                verdict = runner.validate(req.reference, record.index, policy.tolerance)
-            except DeviceBusy:
-                raise  # not a verdict: the controller answers BUSY, and a later call may borrow
-            except Exception as e:  # a wrong output or an error on the live workload: refused
-                if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
-                    raise
-                verdict = None
-            if verdict is not Validation.PASSED and (verdict is None or policy.require_validation):
-                with self._lock:
-                    self._refused[req.key] = record.cache_key
-                    if len(self._refused) > 4 * self.capacity:
-                        self._refused.popitem(last=False)
-                    self._counts["nearest_refused"] += 1
-                return None
-            verified = verdict is Validation.PASSED
+        verdict = validate_stored(runner, req.reference, record.index, policy)
+        if verdict is None:  # a wrong output or an error on the live workload: refused
+            with self._lock:
+                self._refused[req.key] = record.cache_key
+                if len(self._refused) > 4 * self.capacity:
+                    self._refused.popitem(last=False)
+                self._counts["nearest_refused"] += 1
+            return None
         decision = NearestDecision(
-            Decision(record.index, record.reference_index, record.name, DecisionSource.NEAREST, verified,
-                     record.ratio, req.key), candidate.workload, candidate.distance, record.cache_key)
+            Decision(record.index, record.reference_index, record.name, DecisionSource.NEAREST,
+                     verdict is Validation.PASSED, record.ratio, req.key), candidate.workload, candidate.distance,
+            record.cache_key)
         with self._lock:
             self._held[req.key] = (decision, record.created + policy.ttl)
             if len(self._held) > self.capacity:
                 self._held.popitem(last=False)
             self._counts["nearest_hits"] += 1
-        mark = getattr(feedback, "served_nearest", None)
-        if mark is not None:
-            mark(req.key, candidate.workload, candidate.distance)
         return decision
 
 
-def _nearest_usable(req: Any, query: NearestQuery, policy: StackPolicy, stores: Sequence[Any],
+@runtime_checkable
+class NearestIndex(Protocol):
+    """A tier with a nearest-decision index (the local cache, Redis, archives)."""
+
+    def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]: ...
+
+
+def _nearest_usable(req: Request, query: NearestQuery, policy: StackPolicy, stores: Sequence[NearestIndex],
                     banned: Container[tuple[str, str]]) -> NearestHit | None:
     hits: list[NearestHit] = []
     for store in stores:
-        find: Callable[[NearestQuery, float], list[NearestHit]] | None = getattr(store, "nearest", None)
-        if find is None:
-            continue
         try:
-            hits += find(query, policy.max_distance)
+            hits += store.nearest(query, policy.max_distance)
         except Exception as e:  # a failing tier is no answer (its exact read on this miss already counted it)
             log.warning("nearest lookup failed in %s: %s: %s", type(store).__name__, type(e).__name__, e)
     now = time.time()
-    cands = req.candidates
     for candidate in nearest_first(hits):
-        record = candidate.record
-        usable = (
-            record.is_fresh(now, policy.ttl)
-            and record.reference_index == req.reference
-            and record.index < len(cands)
-            and cands[record.index].name == record.name
-            and (record.verified or not policy.require_validation)
-            and (req.key, record.name) not in banned
-            and cands[record.index].eligible
-            and fits_workspace(cands[record.index], policy)
-        )
-        if usable:
+        if refusal(candidate.record, req.key, req.candidates, req.reference, policy, banned, now) is None:
             return candidate
     return None

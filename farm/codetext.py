@@ -15,7 +15,7 @@ from farm.identity import fields
 
 
 def code_text(fn: Callable[..., Any]) -> str:
-    """The source of ``fn`` without its decorators (or its bytecode and constants when no source is available),
+    """The source of ``fn`` without its decorators (or :func:`code_object_text` when no source is available),
     the same in every process. A ``functools.partial`` is its function's text plus its bound arguments; a callable
     object is its class's source. Raises INVALID_INPUT when no process-independent text exists.
 
@@ -36,7 +36,7 @@ def code_text(fn: Callable[..., Any]) -> str:
     except (OSError, TypeError):
         code: CodeType | None = getattr(target, "__code__", None)
         if code is not None:
-            return code.co_code.hex() + repr(code.co_consts)
+            return code_object_text(code)
         text = repr(target)
         if " at 0x" in text:
             raise TuneFailure.invalid(f"no stable code identity for {text}: pass identity= or use a def") from None
@@ -56,3 +56,22 @@ def _undecorated(source: str) -> str:
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or not node.decorator_list:
         return source
     return "".join(source.splitlines(keepends=True)[node.lineno - 1:])
+
+
+def code_object_text(code: CodeType) -> str:
+    """A function's identity without its source (defined with ``python -c``, ``exec`` or at a prompt): its bytecode,
+    the names it reads (``np.sum`` and ``np.mean`` compile to the same bytecode) and its constants, nested code
+    objects (comprehensions, inner functions) by their own text rather than their address, and sets in sorted order
+    rather than hash order, so that it is the same in every process of one Python version."""
+    return fields([code.co_code.hex(), fields(code.co_names), fields(code.co_varnames),
+                   fields(_constant(c) for c in code.co_consts)])
+
+
+def _constant(value: object) -> str:
+    if isinstance(value, CodeType):
+        return "code" + code_object_text(value)
+    if isinstance(value, frozenset):
+        return "frozenset" + fields(sorted(_constant(v) for v in value))
+    if isinstance(value, tuple):
+        return "tuple" + fields(_constant(v) for v in value)
+    return repr(value)

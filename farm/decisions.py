@@ -1,20 +1,32 @@
 """What a selection returns and reports: the decision, its source, the controller's counters and search reports,
-and the marker of a running trial (a nested selection gets the reference). The trial-runner port is
-``farm.runner``.
+and the marker of a running trial (a nested selection gets the reference); the stored record of a decision
+(:class:`DecisionRecord`, its canonical JSON and key hash), the one rule for serving a stored one
+(:func:`refusal`, :func:`validate_stored`) and the fleet feedback port (:class:`Feedback`). The trial-runner port
+is ``farm.runner``.
 
-Types only (no controller state): ``farm.engine`` re-exports them.
+Types and pure rules only (no controller state): ``farm.engine`` re-exports the selection types.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
+import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple, Protocol
 
+from farm.errors import CorruptRecord, DeviceBusy, FailureKind, TuneFailure
+from farm.identity import Candidate, Problem, fits_workspace
+from farm.policy import StackPolicy
+from farm.roster import Roster
+from farm.runner import TrialRunner, Validation
 from farm.trials import CandidateReport
+
+SCHEMA_VERSION = 1  # of a DecisionRecord's JSON object
 
 
 class DecisionSource(enum.Enum):
@@ -58,6 +70,17 @@ class NearestDecision(Decision):
         self = super().__new__(cls, *decision)
         self.origin, self.distance, self.origin_key = origin, distance, origin_key
         return self
+
+
+class Request(NamedTuple):
+    """A validated selection request with its cache key (built once, reused on every hit)."""
+
+    problem: Problem
+    candidates: tuple[Candidate, ...] | Roster  # a Roster: a set with spaces, never materialized
+    reference: int
+    key: str
+    lane: str
+    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False), farm.borrowing)
 
 
 @dataclass(frozen=True)
@@ -125,3 +148,228 @@ def tuning_scope() -> Iterator[None]:
         yield
     finally:
         _depth.value -= 1
+
+
+# -- the stored record -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """A stored decision: which candidate won for one exact cache key, and how sure we are.
+
+    ``created`` is seconds since the epoch; records older than the policy's ttl, or dated in the future, are stale.
+    ``meta`` carries what the farm knows beyond the decision (run, provenance, operation, workload spec); the
+    controller ignores it, but it is covered by the checksum like every other field.
+    """
+
+    cache_key: str
+    index: int
+    reference_index: int
+    name: str
+    verified: bool
+    ratio: float
+    created: float
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def _body(self) -> dict[str, Any]:
+        # The fields as they are, ``meta`` as a plain dict: a shallow copy (``asdict`` deep-copied ``meta`` and its
+        # candidates on every publication only to replace it).
+        body: dict[str, Any] = {"schema": SCHEMA_VERSION}
+        for name in _RECORD_FIELDS:
+            body[name] = getattr(self, name)
+        body["meta"] = dict(self.meta)
+        return body
+
+    def to_dict(self) -> dict[str, Any]:
+        body = self._body()
+        body["checksum"] = _checksum(body)
+        return body
+
+    def to_json(self) -> str:
+        """Canonical JSON with the checksum as the LAST member, so :meth:`from_json` verifies the text itself
+        (one sha256, no re-serialization) on the fleet's read path."""
+        text = _canonical(self._body())
+        return f'{text[:-1]},"checksum":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
+
+    @classmethod
+    def from_json(cls, text: str | bytes, expected_key: str | None = None) -> DecisionRecord:
+        """Parse and verify text written by :meth:`to_json` (or any JSON object form: then :meth:`from_dict`)."""
+        if isinstance(text, bytes):
+            try:
+                text = text.decode()
+            except UnicodeDecodeError as e:
+                raise CorruptRecord(f"record is not UTF-8: {e}") from e
+        at = text.rfind(_CHECKSUM_MARK)
+        if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66:
+            body = text[:at] + "}"
+            if hashlib.sha256(body.encode()).hexdigest() != text[at + len(_CHECKSUM_MARK) : -2]:
+                raise CorruptRecord("checksum mismatch")
+            try:
+                data = json.loads(body)
+            except (json.JSONDecodeError, RecursionError) as e:
+                raise CorruptRecord(f"record is not JSON: {e}") from e
+            return cls._build(data, expected_key)
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise CorruptRecord(f"record is not JSON: {e}") from e
+        return cls.from_dict(data, expected_key)
+
+    @classmethod
+    def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
+        """Parse and verify a stored record; CorruptRecord says what is wrong with it."""
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
+        body = {k: v for k, v in data.items() if k != "checksum"}
+        if data.get("checksum") != _checksum(body):
+            raise CorruptRecord("checksum mismatch" if data.get("schema") == SCHEMA_VERSION
+                                else f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
+        return cls._build(data, expected_key)
+
+    @classmethod
+    def _build(cls, data: Any, expected_key: str | None) -> DecisionRecord:
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
+        if data.get("schema") != SCHEMA_VERSION:
+            raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
+        try:
+            record = cls(
+                cache_key=_typed(data, "cache_key", str),
+                index=_typed(data, "index", int),
+                reference_index=_typed(data, "reference_index", int),
+                name=_typed(data, "name", str),
+                verified=_typed(data, "verified", bool),
+                ratio=float(_typed(data, "ratio", (int, float))),
+                created=float(_typed(data, "created", (int, float))),
+                meta=_typed(data, "meta", dict) if "meta" in data else {},
+            )
+        except (KeyError, TypeError, OverflowError) as e:
+            raise CorruptRecord(str(e)) from e
+        if record.index < 0 or record.reference_index < 0 or not math.isfinite(record.ratio) or record.ratio <= 0:
+            raise CorruptRecord(f"out-of-range values in record for {record.name!r}")
+        if expected_key is not None and record.cache_key != expected_key:
+            raise CorruptRecord("stored cache key differs from the requested one")
+        return record
+
+    def is_fresh(self, now: float, ttl: float) -> bool:
+        """Within ttl and not dated in the future."""
+        return self.created <= now and now - self.created <= ttl
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+
+
+def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = data[name]
+    if isinstance(value, bool) and kind is not bool:
+        raise TypeError(f"field {name!r} is a bool")
+    if not isinstance(value, kind):
+        raise TypeError(f"field {name!r} has type {type(value).__name__}")
+    return value
+
+
+_CHECKSUM_MARK = ',"checksum":"'
+
+
+def canonical_json(value: Any) -> str:
+    """The project's one canonical JSON form (sorted keys, no spaces): record checksums, spec identities,
+    archive columns."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+_canonical = canonical_json
+
+
+def key_hash(cache_key: str) -> bytes:
+    """The project's one name for a cache key (keys reach 384 KiB): its sha256. The local cache keys rows by
+    these bytes; Redis fields and archive rows by their hex form, :func:`key_sha256`."""
+    return hashlib.sha256(cache_key.encode()).digest()
+
+
+def key_sha256(cache_key: str) -> str:
+    """:func:`key_hash` in hex: the Redis hash field and the archive's ``key_sha256`` column of a key."""
+    return hashlib.sha256(cache_key.encode()).hexdigest()
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(body).encode()).hexdigest()
+
+
+# -- serving a stored decision: the one rule (engine, nearest borrowing, the Triton adapter) ---------------------
+
+
+class Refusal(enum.Enum):
+    """Why a stored decision may not be served for a request (:func:`refusal`). ``warns``: the record does not
+    belong to this request as it stands (a stale or mismatched record: the controller counts a cache warning)."""
+
+    STALE = "stale"  # older than the policy's ttl, or dated in the future
+    MISMATCH = "mismatch"  # another reference, or its winner is not this candidate list's entry of that index
+    UNVERIFIED = "unverified"  # unverified while the policy requires validation
+    BANNED = "banned"  # this process banned the winner for the key (its live run failed or regressed)
+    INELIGIBLE = "ineligible"  # the winner is not eligible, or does not fit the policy's workspace limit
+
+    @property
+    def warns(self) -> bool:
+        return self in (Refusal.STALE, Refusal.MISMATCH)
+
+
+def refusal(record: DecisionRecord, key: str, candidates: Sequence[Candidate], reference: int,
+            policy: StackPolicy, banned: Container[tuple[str, str]], now: float) -> Refusal | None:
+    """May ``record``, stored (or borrowed) for the request ``key`` with ``candidates`` and ``reference``, be
+    served? None when it may: fresh, the same reference, its winner the candidate of that index and name,
+    verified (unless the policy does not require it), not banned for ``key`` (``banned`` holds (key, candidate
+    name) pairs), eligible and within the workspace limit. A winner other than the reference is then validated
+    once on the live workload (:func:`validate_stored`) before it is served, where the caller runs trials."""
+    if not record.is_fresh(now, policy.ttl):
+        return Refusal.STALE
+    index = record.index
+    if record.reference_index != reference or index >= len(candidates):
+        return Refusal.MISMATCH
+    winner = candidates[index]
+    if winner.name != record.name:
+        return Refusal.MISMATCH
+    if not record.verified and policy.require_validation:
+        return Refusal.UNVERIFIED
+    if (key, record.name) in banned:
+        return Refusal.BANNED
+    if not winner.eligible or not fits_workspace(winner, policy):
+        return Refusal.INELIGIBLE
+    return None
+
+
+def validate_stored(runner: TrialRunner, reference: int, index: int, policy: StackPolicy) -> Validation | None:
+    """Validate a stored winner ``index`` against ``reference`` once on the live workload: its verdict when it may
+    be served (PASSED; UNSUPPORTED where the policy does not require validation; PASSED at once for the reference
+    itself), else None (a wrong output, an error, or UNSUPPORTED under ``require_validation``: the caller treats it
+    as a miss, never as an error). A DEVICE failure and :class:`~farm.errors.DeviceBusy` (not a verdict: the
+    caller answers BUSY) propagate."""
+    if index == reference:
+        return Validation.PASSED
+    try:
+        verdict = runner.validate(reference, index, policy.tolerance)
+    except DeviceBusy:
+        raise
+    except Exception as e:  # a failed check of a stored winner is a miss
+        if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
+            raise
+        return None
+    if verdict is Validation.PASSED or (verdict is Validation.UNSUPPORTED and not policy.require_validation):
+        return verdict
+    return None
+
+
+class Feedback(Protocol):
+    """The controller's fleet feedback port (``StackTuner.feedback``; ``farm.feedback.FleetReporter`` is the
+    real one): called on a miss the fleet could have served and on a regression, never on a hit. A failing call
+    is logged, never an error for the application."""
+
+    def __call__(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
+        """Report ``kind`` ("miss" or "regression") for ``cache_key``; ``ratios``: the tuned ratio of a miss, the
+        window's median and the decision's ratio of a regression."""
+
+    def served_nearest(self, cache_key: str, origin: str, distance: float) -> None:
+        """Mark the miss of ``cache_key`` (reported next) as served by the nearest decision of ``origin``."""
+
+    def describe(self, problem: Problem, cache_key: str, operation: str, device_kind: str,
+                 spec: dict[str, Any] | None) -> None:
+        """Say what ``cache_key`` is (the runtime adapter, once per workload it prepares)."""

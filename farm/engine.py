@@ -19,12 +19,24 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from farm.borrowing import Borrowing
-from farm.decisions import Decision, DecisionSource, Stats, TuneReport, is_tuning, tuning_scope
+from farm.decisions import (
+    Decision,
+    DecisionRecord,
+    DecisionSource,
+    Feedback,
+    Request,
+    Stats,
+    TuneReport,
+    is_tuning,
+    refusal,
+    tuning_scope,
+    validate_stored,
+)
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
-from farm.identity import Candidate, Problem, cache_key, fits_workspace
+from farm.identity import Candidate, Problem, cache_key
 from farm.policy import MemoryEviction, Mode, StackPolicy
 from farm.regression import RegressionWindows
 from farm.roster import Roster
@@ -32,7 +44,7 @@ from farm.runner import TrialRunner, Validation, runner_cost
 from farm.scoring import valid_seconds
 from farm.spacesearch import decided, search_report, searched
 from farm.stores import open_fleet_source
-from farm.stores.base import DecisionRecord, DecisionStore, read_record
+from farm.stores.base import DecisionStore, read_record
 from farm.stores.local import LocalStore
 from farm.stores.memory import MemoryStore
 from farm.trials import CandidateReport, decide, reference_noise
@@ -43,17 +55,6 @@ __all__ = [
     "CandidateReport", "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
     "is_tuning", "tuning_scope",
 ]
-
-
-class Request(NamedTuple):
-    """A validated selection request with its cache key (built once, reused on every hit)."""
-
-    problem: Problem
-    candidates: tuple[Candidate, ...] | Roster  # a Roster: a set with spaces, never materialized
-    reference: int
-    key: str
-    lane: str
-    nearest: bool = True  # False: the operation refuses borrowed decisions (TunableSet(nearest=False), farm.borrowing)
 
 
 _STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE, DecisionSource.NEAREST)
@@ -100,8 +101,8 @@ class StackTuner:
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
         self._borrowing = Borrowing(policy.capacity)  # misses served by a nearest decision (farm.borrowing)
-        # Fleet feedback (farm.feedback.FleetReporter): called on a fleet miss and a regression, never on a hit.
-        self.feedback: Callable[[str, str, Problem | None, tuple[float, ...]], None] | None = None
+        # Fleet feedback (farm.decisions.Feedback; farm.feedback.FleetReporter): a fleet miss, a regression.
+        self.feedback: Feedback | None = None
 
     @property
     def policy(self) -> StackPolicy:
@@ -224,18 +225,24 @@ class StackTuner:
                 if decision is not None:
                     return decision
         self._count("misses")
-        decision = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned, self.feedback)
-        if decision is None:
-            decision = self._reference(req, DecisionSource.CACHE_MISS) if self._policy.mode is Mode.CACHE_ONLY else self._explore(req, runner)
-        if self.feedback is not None and self._fleet and req.problem.persistent:  # the fleet could have served it
-            self._feedback("miss", req.key, req.problem, (decision.ratio,) if decision.source is DecisionSource.TUNED else ())
+        borrowed = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned)
+        if borrowed is not None:
+            decision = borrowed
+            self._feedback(lambda f: f.served_nearest(req.key, borrowed.origin, borrowed.distance))
+        elif self._policy.mode is Mode.CACHE_ONLY:
+            decision = self._reference(req, DecisionSource.CACHE_MISS)
+        else:
+            decision = self._explore(req, runner)
+        if self._fleet and req.problem.persistent:  # the fleet could have served it
+            ratios = (decision.ratio,) if decision.source is DecisionSource.TUNED else ()
+            self._feedback(lambda f: f("miss", req.key, req.problem, ratios))
         return decision
 
-    def _feedback(self, kind: str, key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
+    def _feedback(self, call: Callable[[Feedback], None]) -> None:
         hook = self.feedback
         if hook is not None:
             try:
-                hook(kind, key, problem, ratios)
+                call(hook)
             except Exception as e:  # feedback never fails the caller
                 log.debug("fleet feedback hook failed: %s", e)
 
@@ -249,33 +256,16 @@ class StackTuner:
         record = found[0]
         if record is None:
             return None
-        cands = req.candidates
-        usable = (
-            record.is_fresh(time.time(), policy.ttl)
-            and record.reference_index == req.reference
-            and record.index < len(cands)
-            and cands[record.index].name == record.name
-        )
-        if not usable:
+        refused = refusal(record, req.key, req.candidates, req.reference, policy, self._banned, time.time())
+        if refused is not None:
+            if refused.warns:
+                self._count("cache_warnings")
+            return None
+        if validate_stored(runner, req.reference, record.index, policy) is None:
+            if writable:
+                self._tier("delete a stale record from", lambda: store.delete(req.key))
             self._count("cache_warnings")
             return None
-        if (record.verified is False and policy.require_validation) or (req.key, record.name) in self._banned:
-            return None
-        if record.index != req.reference:
-            cand = cands[record.index]
-            if not cand.eligible or not fits_workspace(cand, policy):
-                return None
-            try:
-                verdict = runner.validate(req.reference, record.index, policy.tolerance)
-            except Exception as e:  # a failed check of a stored winner is a miss, never an error for the caller
-                if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
-                    raise
-                verdict = None
-            if verdict is not Validation.PASSED and (verdict is None or policy.require_validation):
-                if writable:
-                    self._tier("delete a stale record from", lambda: store.delete(req.key))
-                self._count("cache_warnings")
-                return None
         if source is DecisionSource.FLEET_CACHE and self._write_through and self._disk is not None:
             disk = self._disk
             self._tier("write a fleet hit through to", lambda: disk.put(record))
@@ -381,9 +371,15 @@ class StackTuner:
             regressed = median > self._policy.regression_ratio
         if regressed:
             self.invalidate(decision, True)
-            if self.feedback is not None and self._fleet:
-                self._feedback("regression", decision.cache_key, None, (median, decision.ratio))
+            if self._fleet:
+                self._feedback(lambda f: f("regression", decision.cache_key, None, (median, decision.ratio)))
         return regressed
+
+    def banned(self) -> frozenset[tuple[str, str]]:
+        """The (cache key, candidate name) pairs this controller never serves again: invalidated with
+        ``ban_candidate`` (a failed live run, a regression). The Triton adapter honours them too."""
+        with self._lock:
+            return frozenset(self._banned)
 
     def stats(self) -> Stats:
         with self._lock:

@@ -164,3 +164,31 @@ def clear_environment_memo() -> None:
     """Forget probed environments (tests change deployment tags between cases)."""
     with _memo_lock:
         _memo.clear()
+
+
+def fingerprint_differences(mine: str, theirs: str) -> list[tuple[str, str, str]]:
+    """The fields in which two fingerprints differ, as (field, value in ``mine``, value in ``theirs``), "" for a
+    field one of them lacks: each runtime option by its name (``("cpus", "1", "2")``: the execution regime), every
+    other part by its name in ``FINGERPRINT_PARTS`` (``driver``, ``build``, ...); one ``("fingerprint", mine,
+    theirs)`` row when either text is not a fingerprint. Empty when they are the same."""
+    if mine == theirs:
+        return []
+    a, b = fingerprint_parts(mine), fingerprint_parts(theirs)
+    if a is None or b is None:
+        return [("fingerprint", mine, theirs)]
+    found = [(name, a[name], b[name]) for name in FINGERPRINT_PARTS if name != "runtime options" and a[name] != b[name]]
+    options = [_options(a["runtime options"]), _options(b["runtime options"])]
+    for name in dict.fromkeys([*options[0], *options[1]]):
+        if options[0].get(name) != options[1].get(name):
+            found.append((name, options[0].get(name, ""), options[1].get(name, "")))
+    return found
+
+
+def _options(text: str) -> dict[str, str]:
+    """A runtime-options part by option name: ``cpus=2; blas=2 (openblas Haswell)`` -> {cpus: 2, blas: 2 (...)}."""
+    found = {}
+    for option in (o.strip() for o in text.split(";")):
+        if option:
+            name, sep, value = option.partition("=")
+            found[name.strip() if sep else option] = value.strip() if sep else option
+    return found

@@ -23,6 +23,20 @@ log-scale distance): the farm tunes the exact workload like any miss, so later p
 
 ``spec`` is the workload spec rebuilt from the live inputs (the operation's inverse of ``build``); without one
 the report carries the workload signature only (counted in ``unsigned``) and the farm cannot tune it.
+
+Calls: every workload the runtime adapter prepares (:meth:`FleetReporter.describe`) gets a counter cell
+(:meth:`FleetReporter.counter`), and every ``try_execute_stack`` call adds one to it (one list-item increment,
+hits included; without a lock, so threads racing on one workload may lose a count). Every ``count_interval``
+seconds, and at :meth:`flush` (atexit included), the sender thread turns the counts since the last report into
+``kind="calls"`` reports, at most ``CALLS_PER_REPORT`` workloads each, the busiest first (``farm tune
+--from-fleet`` turns them into weights)::
+
+    {"v": 1, "kind": "calls", "host": "...", "pid": 123, "time": 1700000300.0, "since": 1700000000.0,
+     "counts": [{"operation": "matmul", "device_kind": "cpu", "spec": {...}, "signature": "...",
+                 "fingerprint": "<digest>", "cache_key": "...", "calls": 120000}, ...]}
+
+At most ``MAX_KEYS`` workloads are counted (the oldest counter goes, its last count still reported); workloads
+without a spec are counted but never reported (the farm could not weight them).
 """
 
 from __future__ import annotations
@@ -44,6 +58,9 @@ from farm.identity import Problem
 log = logging.getLogger(__name__)
 
 REPORT_VERSION = 1
+CALLS_VERSION = 1  # the "v" of a kind="calls" report
+CALLS_PER_REPORT = 256
+MAX_KEYS = 4096
 STREAM = "feedback"  # the stream key is "<prefix>:feedback" (FARM_PREFIX, default farm)
 
 
@@ -63,6 +80,8 @@ class FeedbackStats:
     failures: int
     unsigned: int
     pending: int
+    counted: int = 0
+    """Calls reported in ``kind="calls"`` reports (queued)."""
 
 
 class FleetReporter:
@@ -70,11 +89,13 @@ class FleetReporter:
 
     ``url``: a Redis URL whose user may XADD the stream (``redis://reporter:PASSWORD@host:6379/1``). ``capacity``
     bounds the buffer; ``maxlen`` caps the stream (approximately); ``batch`` reports go in one round trip. Each
-    (kind, cache key) is reported once per process (a repeat only counts).
+    (kind, cache key) is reported once per process (a repeat only counts). ``count_interval``: seconds between
+    two reports of the calls counted per workload.
     """
 
     def __init__(self, url: str, *, prefix: str | None = None, capacity: int = 1024, batch: int = 64,
-                 maxlen: int = 100_000, interval: float = 0.2, timeout: float = 2.0) -> None:
+                 maxlen: int = 100_000, interval: float = 0.2, timeout: float = 2.0,
+                 count_interval: float = 300.0) -> None:
         if not isinstance(url, str) or url.split("://", 1)[0] not in ("redis", "rediss", "unix"):
             from farm.errors import TuneFailure
 
@@ -89,7 +110,13 @@ class FleetReporter:
         self._described: OrderedDict[str, tuple[str, str, dict[str, Any] | None, Problem]] = OrderedDict()
         self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._served: OrderedDict[str, tuple[str, float]] = OrderedDict()  # cache key -> (origin workload, distance)
-        self._counts = {"queued": 0, "sent": 0, "dropped": 0, "failures": 0, "unsigned": 0}
+        self._counts = {"queued": 0, "sent": 0, "dropped": 0, "failures": 0, "unsigned": 0, "counted": 0}
+        # cache key -> ([calls, calls already reported], what it is); the runtime increments calls[0], lock-free
+        self._calls: OrderedDict[str, tuple[list[int], tuple[str, str, dict[str, Any] | None, Problem]]] = OrderedDict()
+        self._uncounted: list[tuple[str, int, tuple[str, str, dict[str, Any] | None, Problem]]] = []  # evicted
+        self.count_interval = count_interval
+        self._counted_since = time.time()
+        self._next_count = time.monotonic() + count_interval
         self._thread: threading.Thread | None = None
         self._inflight = 0
         self._closed = False
@@ -100,11 +127,27 @@ class FleetReporter:
 
     def describe(self, problem: Problem, cache_key: str, operation: str, device_kind: str,
                  spec: dict[str, Any] | None) -> None:
-        """Remember what a cache key is (called once per workload by the runtime adapter when it prepares it)."""
+        """Remember what a cache key is (called once per workload by the runtime adapter when it prepares it)
+        and start counting its calls (:meth:`counter`)."""
         with self._lock:
-            self._described[cache_key] = (operation, device_kind, spec, problem)
-            if len(self._described) > 4096:
+            described = self._described[cache_key] = (operation, device_kind, spec, problem)
+            if len(self._described) > MAX_KEYS:
                 self._described.popitem(last=False)
+            found = self._calls.get(cache_key)
+            cell = found[0] if found is not None else [0, 0]
+            self._calls[cache_key] = (cell, described)
+            if len(self._calls) > MAX_KEYS:
+                key, (old, what) = self._calls.popitem(last=False)
+                if old[0] > old[1] and len(self._uncounted) < MAX_KEYS:
+                    self._uncounted.append((key, old[0] - old[1], what))
+            self._start()
+
+    def counter(self, cache_key: str) -> list[int]:
+        """The calls counter of a described cache key: the runtime adds one to its item 0 per call (an unknown
+        key gets a counter nobody reports)."""
+        with self._lock:
+            found = self._calls.get(cache_key)
+        return found[0] if found is not None else [0, 0]
 
     def served_nearest(self, cache_key: str, origin: str, distance: float) -> None:
         """Mark the miss of ``cache_key`` (reported next) as served by a borrowed nearest decision."""
@@ -154,11 +197,43 @@ class FleetReporter:
                 return
             self._buffer.append(text)
             self._counts["queued"] += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="farm-feedback", daemon=True)
-                self._thread.start()
-                atexit.register(self.flush, 1.0)  # a short-lived job's reports: at most 1 s more at exit
+            self._start()
             self._wake.notify()
+
+    def _start(self) -> None:
+        """Start the sender thread, once. Caller holds the lock."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="farm-feedback", daemon=True)
+            self._thread.start()
+            atexit.register(self.flush, 1.0)  # a short-lived job's reports: at most 1 s more at exit
+
+    def _queue_counts(self) -> None:
+        """Queue the calls counted since the last calls report (kind="calls"). Caller holds the lock."""
+        now = time.time()
+        self._next_count = time.monotonic() + self.count_interval
+        counts = [(key, n, what) for key, n, what in self._uncounted]
+        self._uncounted.clear()
+        for key, (cell, what) in self._calls.items():
+            seen = cell[0]  # read once: the runtime may add meanwhile
+            if seen > cell[1]:
+                counts.append((key, seen - cell[1], what))
+                cell[1] = seen
+        counts.sort(key=lambda count: -count[1])
+        rows = [{"operation": op, "device_kind": kind, "spec": spec, "signature": problem.workload,
+                 "fingerprint": fingerprint_digest(problem.environment), "cache_key": key, "calls": n}
+                for key, n, (op, kind, spec, problem) in counts if spec is not None]
+        totals = [n for _, n, (_, _, spec, _) in counts if spec is not None]
+        for start in range(0, len(rows), CALLS_PER_REPORT):
+            chunk = rows[start:start + CALLS_PER_REPORT]
+            if len(self._buffer) >= self.capacity or self._closed:
+                self._counts["dropped"] += 1
+                continue
+            self._buffer.append(json.dumps({"v": CALLS_VERSION, "kind": "calls", "host": self._host,
+                                            "pid": os.getpid(), "time": now, "since": self._counted_since,
+                                            "counts": chunk}, sort_keys=True))
+            self._counts["queued"] += 1
+            self._counts["counted"] += sum(totals[start:start + CALLS_PER_REPORT])
+        self._counted_since = now
 
     # -- the sender thread ----------------------------------------------------------------------------------
 
@@ -167,7 +242,11 @@ class FleetReporter:
         while True:
             with self._lock:
                 while not self._buffer and not self._closed:
-                    self._wake.wait()
+                    due = self._next_count - time.monotonic()
+                    if due <= 0:
+                        self._queue_counts()
+                        continue
+                    self._wake.wait(due)
                 if not self._buffer:
                     return
                 chunk = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
@@ -216,9 +295,13 @@ class FleetReporter:
             return FeedbackStats(pending=len(self._buffer), **self._counts)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait (at most ``timeout`` seconds) until the buffer is sent; True when it was."""
+        """Queue the calls counted so far, then wait (at most ``timeout`` seconds) until the buffer is sent; True
+        when it was."""
         deadline = time.monotonic() + timeout
         with self._lock:
+            self._queue_counts()
+            if self._buffer:
+                self._wake.notify_all()
             while self._buffer or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():

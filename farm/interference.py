@@ -103,7 +103,8 @@ class Probe:
         if reference_times:
             median = statistics.median(reference_times)
             spread = statistics.median(abs(t / median - 1.0) for t in reference_times)
-        return Interference(self.pairs, self.disturbed, self.switches, self.throttled, spread)
+        return Interference(pairs=self.pairs, disturbed=self.disturbed, switches=self.switches,
+                            throttled=self.throttled, reference_spread=spread)
 
 
 def nvml_throttle_probe(client: Any) -> Callable[[], bool] | None:

@@ -37,12 +37,10 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
+from farm.decisions import DecisionRecord
 from farm.encoding import fields
-
-if TYPE_CHECKING:  # the stores import this module
-    from farm.stores.base import DecisionRecord
 
 __all__ = [
     "SLACK", "Family", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",

@@ -13,12 +13,17 @@ discordant pairs and ``A = AGREEMENT_PRIOR`` pseudo-pairs of agreement. A comple
 space) ranks every config it does not list below the ones it lists, so a config this device found faster than
 the source's favourites counts against it. A source that ranks this device's configs in reverse gets weight 0 and
 proposes nothing more. Priors change effort, never meaning: every config they propose gets the same trials as any.
+
+On the farm the coordinator finds them by itself: the same problem family's decisions on up to :data:`SOURCES`
+other fingerprints (:func:`from_records` names each by its fingerprint digest), sent first in rounds of their own
+(:meth:`PriorFirst.lead`; docs/spaces.md, "Fleet priors on the farm").
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +32,7 @@ from typing import Any
 from farm.identity import CacheKey
 from farm.roster import Roster
 from farm.stores.base import DecisionRecord
-from farm.strategies import Strategy
+from farm.strategies import Sampler
 
 RANKED = 32
 """The best configs a decision's meta keeps with their ratios (what another SKU's search reads)."""
@@ -39,6 +44,8 @@ AGREEMENT_PRIOR = 2.0
 """Pseudo-pairs of agreement a source starts with (its weight is 1 until this device's results say otherwise)."""
 MUTE = 0.25
 """A config is proposed by the priors only while its weighted score is at least this (a muted source: none)."""
+SOURCES = 8
+"""The most other fingerprints' decisions the farm seeds one search with (a store's lookup reads no more)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,21 @@ def source(prior: Any, limit: int | None = None) -> Source:
         raise ValueError(f"a prior must be a Tuned result or a DecisionRecord, got {type(prior).__name__}")
     ranking = sorted(((n, r) for n, r in found.ranking if r > 0 and math.isfinite(r)), key=lambda nr: nr[1])
     kept = tuple(ranking[:limit] if limit is not None else ranking)
-    return Source(found.name, kept, found.complete)  # a complete ranking cut short still ranks the rest below
+    return dataclasses.replace(found, ranking=kept)  # a complete ranking cut short still ranks the rest below
+
+
+def from_records(found: Iterable[tuple[str, DecisionRecord]], limit: int | None = None) -> tuple[Source, ...]:
+    """Other fingerprints' decisions, given as (fingerprint digest, record), as priors named by their digests (a
+    farm decision names the fingerprint it was measured on by digest); a record without a ranking is left out."""
+    out = []
+    for digest, record in found:
+        ranking = record.meta.get("ranked")
+        if isinstance(ranking, list) and ranking:
+            try:
+                out.append(dataclasses.replace(source(record, limit), name=digest))
+            except (ValueError, TypeError):  # a malformed ranking: not a prior
+                continue
+    return tuple(out)
 
 
 def _environment(key: str) -> str:
@@ -128,7 +149,7 @@ class PriorFirst:
     results, so a model-based one starts from them. The priors propose at most ``FIRST`` configs (and at most
     ``SHARE`` of ``max_configs``), only while the best remaining score is at least ``MUTE``."""
 
-    def __init__(self, inner: Strategy, roster: Roster, sources: Sequence[Source], max_configs: int | None,
+    def __init__(self, inner: Sampler, roster: Roster, sources: Sequence[Source], max_configs: int | None,
                  reference: str) -> None:
         self.inner, self.roster, self.sources = inner, roster, tuple(sources)
         self.name, self.adaptive = inner.name, True
@@ -141,7 +162,10 @@ class PriorFirst:
                           and roster.locate(p)[0].space is not None}
         self.weights = [1.0] * len(self.sources)
 
-    def ask(self, n: int) -> list[int]:
+    def lead(self, n: int) -> list[int]:
+        """The priors' own next configs (at most ``n``, adopted by the inner strategy); [] once they are done (their
+        cap reached, or no config scores ``MUTE``): from then on :meth:`ask` is the inner strategy's, for good. The
+        farm sends these in rounds of their own (``farm_coordinator.spacestrategy``), each told before the next."""
         out: list[int] = []
         if len(self.proposed) < self.cap:
             score = scores(self.sources, self.weights)
@@ -152,10 +176,12 @@ class PriorFirst:
                     out.append(self.positions[name])
             self.proposed.update(self.roster.names[p] for p in out)
             self.inner.adopt(out)
-            if out:
-                return out
-            self.cap = 0  # nothing worth proposing: the strategy's turn for good
-        return self.inner.ask(n)
+            if not out:
+                self.cap = 0  # nothing worth proposing: the strategy's turn for good
+        return out
+
+    def ask(self, n: int) -> list[int]:
+        return self.lead(n) or self.inner.ask(n)
 
     def usable(self, position: int) -> bool:
         return self.inner.usable(position)

@@ -26,11 +26,12 @@ from farm.policy import StackPolicy
 from farm.priors import RANKED, PriorFirst, Source, active, ranked
 from farm.racing import Race
 from farm.roster import Roster
+from farm.runner import TrialRunner
 from farm.scoring import judge
 from farm.search import admit, budget_note, search
 from farm.space import Space, format_value
 from farm.stores.base import DecisionRecord
-from farm.strategies import make_strategy, space_size
+from farm.strategies import make_sampler, space_size
 from farm.trials import (
     CandidateReport,
     Outcome,
@@ -137,7 +138,7 @@ def covered_positions(roster: Roster, prior: Prior | None) -> Callable[[int], bo
 
 
 def explore(
-    runner: Any, policy: StackPolicy, reference: int, roster: Roster, banned: Collection[str], prior: Prior | None,
+    runner: TrialRunner, policy: StackPolicy, reference: int, roster: Roster, banned: Collection[str], prior: Prior | None,
     sources: Sequence[Source] = (),
 ) -> Explored:
     """Time the reference, try the admitted plain candidates (all of them, or only a prior's winner), then the
@@ -150,9 +151,9 @@ def explore(
         winner = roster.position(prior.winner)
         first, refused = ([winner] if winner is not None and winner != reference else []), []
 
-    strategy = make_strategy(roster, policy, covered_positions(roster, prior))  # before any trial: a missing Optuna fails at once
+    sampler = make_sampler(roster, policy, covered_positions(roster, prior))  # before any trial: a missing Optuna fails at once
     if sources:
-        strategy = PriorFirst(strategy, roster, sources, policy.max_configs, names[reference])
+        sampler = PriorFirst(sampler, roster, sources, policy.max_configs, names[reference])
     estimates: dict[str, float | None] = {}
     started = time.monotonic()
     deadline = started + policy.budget
@@ -191,12 +192,12 @@ def explore(
     for position in first:
         estimates[names[position]] = attempt(position, proposed=False)
     while not exhausted:
-        asked = strategy.ask(ROUND)
+        asked = sampler.ask(ROUND)
         if not asked:
             break
         told = [(p, attempt(p)) for p in asked]
         estimates.update((names[p], r) for p, r in told)
-        strategy.tell(told)
+        sampler.tell(told)
     if race is not None:
         raced = race.finish()
         estimates.update((names[p], r) for p, r in raced.estimates.items())
@@ -253,7 +254,7 @@ def search_report(problem: Problem, winner: str, elapsed: float, budget_exhauste
 
 
 def searched(
-    runner: Any, policy: StackPolicy, reference: int, candidates: Sequence[Candidate], banned: Collection[str],
+    runner: TrialRunner, policy: StackPolicy, reference: int, candidates: Sequence[Candidate], banned: Collection[str],
     problem: Problem, stored: Callable[[str, bool], DecisionRecord | None],
 ) -> tuple[list[Outcome], tuple[float, ...], bool, Explored | None]:
     """A miss's search: a plain list through :func:`farm.search.search` (Outcomes of refused candidates

@@ -1,10 +1,10 @@
 """Search strategies over a roster's spaces: which configs a search evaluates next, in ask/tell rounds.
 
-A strategy proposes positions (``ask(n)``: up to n configs not yet proposed, [] when it has nothing more) and
-learns their results (``tell``: position and ratio, None for a config that failed or gave no ratio). It is
-deterministic in its inputs: built again with the same roster, policy and exclusions and told the same results
-after the same asks, it asks the same next configs, so a search resumed from stored results never re-runs a
-finished config (:func:`replay`). Plain candidates are not a strategy's business: every search tries them.
+A :class:`Sampler` (one per ``policy.strategy``) proposes positions (``ask(n)``: up to n configs not yet proposed,
+[] when it has nothing more) and learns their results (``tell``: position and ratio, None for a config that failed
+or gave no ratio). It is deterministic in its inputs: built again with the same roster, policy and exclusions and
+told the same results after the same asks, it asks the same next configs, so a search resumed from stored results
+never re-runs a finished config (:func:`replay`). Plain candidates are not a sampler's business: every search tries them.
 
 - ``exhaustive``: every feasible config, in position order.
 - ``random``: distinct feasible configs drawn uniformly with the policy's seed.
@@ -37,8 +37,9 @@ BAYES_REJECTS_PER_CONFIG = 4  # each rejected TPE suggestion is a trial the mode
 PENALTY = 100.0
 
 
-class Strategy(Protocol):
-    """The ask/tell port every strategy implements."""
+class Sampler(Protocol):
+    """The ask/tell port every sampling strategy implements (the coordinator's propose seam is
+    ``farm_coordinator.strategy.Strategy``)."""
 
     name: str
     adaptive: bool  # whether ``tell`` changes what ``ask`` proposes next
@@ -52,8 +53,8 @@ class Strategy(Protocol):
     def adopt(self, positions: Sequence[int]) -> None: ...  # proposed for it (priors): never proposed again
 
 
-def make_strategy(roster: Roster, policy: StackPolicy, exclude: Exclude | None = None) -> Strategy:
-    """The policy's strategy over ``roster``'s spaces; ``exclude`` names positions never to propose (an
+def make_sampler(roster: Roster, policy: StackPolicy, exclude: Exclude | None = None) -> Sampler:
+    """The policy's sampler over ``roster``'s spaces; ``exclude`` names positions never to propose (an
     incremental search's already-covered configs). INVALID_INPUT when bayes is chosen without Optuna."""
     skip = exclude or (lambda _p: False)
     if policy.strategy == "exhaustive":
@@ -67,16 +68,16 @@ def make_strategy(roster: Roster, policy: StackPolicy, exclude: Exclude | None =
     raise TuneFailure.invalid(f"policy.strategy {policy.strategy!r} is not a strategy")
 
 
-def replay(strategy: Strategy, rounds: Sequence[Sequence[tuple[int, float | None]]]) -> Strategy:
-    """Bring a freshly built strategy to where stored ``rounds`` left it: each round is re-asked (its size) and
-    its stored results told. ValueError when a round's positions differ from what the strategy asks (the
+def replay(sampler: Sampler, rounds: Sequence[Sequence[tuple[int, float | None]]]) -> Sampler:
+    """Bring a freshly built sampler to where stored ``rounds`` left it: each round is re-asked (its size) and
+    its stored results told. ValueError when a round's positions differ from what the sampler asks (the
     stored results came from another roster, policy or seed)."""
     for results in rounds:
-        asked = strategy.ask(len(results))
+        asked = sampler.ask(len(results))
         if sorted(asked) != sorted(p for p, _ in results):
-            raise ValueError(f"stored round {[p for p, _ in results]} differs from the strategy's asks {asked}")
-        strategy.tell(results)
-    return strategy
+            raise ValueError(f"stored round {[p for p, _ in results]} differs from the sampler's asks {asked}")
+        sampler.tell(results)
+    return sampler
 
 
 def effort(evaluated: int, space_size: int, strategy: str, seed: int | None, incremental: bool = False) -> str:
@@ -92,7 +93,7 @@ def space_size(roster: Roster) -> int:
 
 
 class _Budgeted:
-    """What every strategy shares: the roster, the proposal limit, the proposed set, feasibility checks."""
+    """What every sampler shares: the roster, the proposal limit, the proposed set, feasibility checks."""
 
     name = ""
     adaptive = False
@@ -126,7 +127,7 @@ class _Budgeted:
         return positions
 
     def adopt(self, positions: Sequence[int]) -> None:
-        """Configs proposed for this strategy (a prior's): never proposed again, counted against the limit."""
+        """Configs proposed for this sampler (a prior's): never proposed again, counted against the limit."""
         self.take([p for p in positions if p not in self.proposed])
 
     def position(self, ordinal: int) -> int:

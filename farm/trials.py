@@ -54,17 +54,6 @@ class TrialVerdict(enum.Enum):
         return self in (TrialVerdict.PASSED, TrialVerdict.UNVERIFIED)
 
 
-# Verdicts of trial rows written before the rows of a lost or untried group used the verdicts above: their group
-# status (``not_tried``, ``failed``, ``validation_unavailable``). Readers map them with :func:`canonical_verdict`.
-_GROUP_STATUS_VERDICTS = {"not_tried": TrialVerdict.NOT_TRIED.value, "failed": TrialVerdict.GROUP_FAILED.value,
-                          "validation_unavailable": TrialVerdict.GROUP_FAILED.value}
-
-
-def canonical_verdict(text: str) -> str:
-    """A trial row's verdict in its one spelling (``not tried``, never ``not_tried``); other text unchanged."""
-    return _GROUP_STATUS_VERDICTS.get(text, text)
-
-
 class _Skip(Exception):
     """Raised when a candidate fails during its trials; private: it never leaves :func:`candidate_trials`, which
     turns it into the candidate's Outcome (verdict and note)."""

@@ -20,11 +20,11 @@ import functools
 import hashlib
 import threading
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar, overload
 
 from farm.arrays import array_key, array_signature, clone
-from farm.codetext import code_text as code_text  # re-exported: farm_kernels.operation and older callers
+from farm.codetext import code_text
 from farm.errors import TuneFailure
 from farm.identity import Candidate, fields
 from farm.policy import Tolerance
@@ -284,7 +284,7 @@ class TunableSet:
         own = self._tolerance(*inputs)
         if own is None:
             return default
-        return Tolerance(own.absolute, own.relative, default.max_bytes)
+        return replace(own, max_bytes=default.max_bytes)
 
     def plan(self) -> Iterator[list[int]]:
         """Every eligible priority group, lowest group number first (registration order within a group, a group's

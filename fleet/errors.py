@@ -38,6 +38,7 @@ class RunInterrupted(FarmError):
 
     exit_code = 130
     summary: Any = None
+    headline: str | None = None  # the message without its resume advice (a caller with its own advice prints it)
 
 
 class IllegalTransition(FarmError, RuntimeError):

@@ -17,19 +17,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from farm.decisions import canonical_json
 from farm.errors import ProtocolError
 from farm.identity import fields
-from farm.stores.base import canonical_json
 from farm.trials import Outcome
 
 __all__ = [
-    "GROUP_TASK", "PING_TASK", "PROTOCOL_VERSION", "REFERENCE_GROUP", "STATUS_FAILED", "STATUS_NOT_TRIED", "STATUS_OK",
-    "SET_DIFFERS", "STATUS_VALIDATION_UNAVAILABLE", "GroupKey", "GroupResult", "GroupTask", "ProtocolError", "canonical_json", "problem_id",
+    "COMPILE_NODE", "COMPILE_QUEUE", "COMPILE_TASK", "GROUP_TASK", "PING_TASK", "PROTOCOL_VERSION", "REFERENCE_GROUP", "STATUS_FAILED", "STATUS_NOT_TRIED", "STATUS_OK",
+    "SET_DIFFERS", "STATUS_VALIDATION_UNAVAILABLE", "GroupKey", "GroupResult", "GroupTask", "ProtocolError", "problem_id",
 ]
 
 PROTOCOL_VERSION = 2
 GROUP_TASK = "farm.run_groups"
 PING_TASK = "farm.ping"
+# The fleet's compile queue (``farm worker --compile`` serves it, ``farm_coordinator.compilefleet`` sends to it).
+COMPILE_TASK = "farm.compile_kernels"
+COMPILE_QUEUE = "farm.compile"
+COMPILE_NODE = "compile@"  # the node name prefix of a compile worker
 REFERENCE_GROUP = "reference"
 
 

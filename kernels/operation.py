@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from farm.codetext import code_text
 from farm.errors import ConfigError, TuneFailure
 from farm.identity import fields
 from farm.runtimes.base import ComputeClient
-from farm.tunable import TunableSet, code_text
+from farm.tunable import TunableSet
 
 MAX_DIM = 1 << 24  # one long axis is fine; max_elements bounds the memory
 MAX_ELEMENTS = 1 << 26  # 256 MiB of float32 per array: far above any tuning workload, far below a host's memory

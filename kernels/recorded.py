@@ -7,6 +7,8 @@
   operation is :func:`operation_name` (the recorded kernel and the file's hash), its one workload :func:`spec_of`,
   planned only on :func:`fingerprint_of` (the recording's workers).
 - A worker resolves a recorded task from its own device's recording (:func:`own`), never from the message.
+- Across fingerprints, the recordings of one kernel, problem size and parameters are one problem family
+  (:func:`family`): another GPU's decision seeds the search as a prior.
 
 An operation name resolves through :func:`tunable` and :func:`label`: a recorded operation this process loaded
 (a catalog's), else the kernels registry.
@@ -14,11 +16,13 @@ An operation name resolves through :func:`tunable` and :func:`label`: a recorded
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from farm.encoding import fields
 from farm.errors import ConfigError
 from farm.replay import Recording, ReplayClient, load
 from farm.runtimes.base import ComputeClient
@@ -92,6 +96,20 @@ def fingerprint_of(recording: Recording) -> str:
     from farm.environment import runtime_environment
 
     return runtime_environment(recording.client()).digest
+
+
+def family(operation: str) -> tuple[str, str, dict[str, Any]] | None:
+    """What a loaded recording's problem family is across fingerprints (``farm_coordinator.plan``: priors from
+    other SKUs): (operation, checksum, spec) that leave the device and the file out: the recorded kernel, its problem
+    size and its parameter names. Two recordings of one kernel on two GPUs are one family (their config names
+    are the same); their operations, specs and candidate sets are not (each names its file). None for an
+    operation that is not a loaded recording."""
+    recording = get(operation)
+    if recording is None:
+        return None
+    shape = json.dumps(recording.problem_size, sort_keys=True)
+    return (f"recorded:{recording.kernel_name}", fields(["recorded", recording.kernel_name, shape, *recording.names]),
+            {"problem_size": shape})
 
 
 def add(recording: Recording) -> str:

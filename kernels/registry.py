@@ -213,11 +213,6 @@ def _caller_module() -> str:
 _default = Registry()
 
 
-def default_registry() -> Registry:
-    """The process-wide registry behind the module-level functions."""
-    return _default
-
-
 def register(op: Operation) -> Operation:
     """Register ``op`` in the process-wide registry (see :meth:`Registry.register`); usable at import time."""
     return _default.register(op, origin=_caller_module())

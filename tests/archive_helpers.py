@@ -16,6 +16,7 @@ import pytest
 from servers import farm_env
 
 import farm
+import farm_archives
 from farm.environment import fingerprint_digest, runtime_environment
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
 from farm.stores import archive as arc
@@ -143,7 +144,7 @@ def edit_manifest(folder: Path, change) -> None:
 
 
 def hand_archive(parent: Path, fingerprint: str, entries: list[arc.ArchiveEntry]) -> Path:
-    return arc.write_archive(parent, fingerprint, entries).path
+    return farm_archives.write_archive(parent, fingerprint, entries).path
 
 
 def farm_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -47,7 +47,8 @@ class Fleet:
         wait_worker_ready(worker, self.client(), self.settings.prefix)
         return worker
 
-    def coordinator(self) -> dict[str, Any]:
+    def coordinator(self) -> Any:
+        """The coordinator's parts on this farm (``farm_coordinator.ports.Parts``) for ``run.tune``."""
         from farm_cli import celery_parts
 
         return celery_parts(self.settings)

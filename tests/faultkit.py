@@ -195,7 +195,8 @@ class FaultFleet:
         wait_worker_ready(worker, self.client(), self.settings.prefix)
         return worker
 
-    def parts(self) -> dict[str, Any]:
+    def parts(self) -> Any:
+        """The coordinator's parts on this farm (``farm_coordinator.ports.Parts``) for ``run.tune``."""
         from farm_cli import celery_parts
 
         return celery_parts(self.settings)

@@ -24,13 +24,13 @@ from archive_helpers import (
     tree,
 )
 
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.stores import archive as arc
-from farm.stores.local import LocalStore
+from farm.stores.local import FARM, LocalStore
 from farm.stores.redis import RedisDecisions, field_for
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 from farm_coordinator.aggregate import TRIAL_FIELDS
-from farm_coordinator.sinks import DirectorySink
 from farm_fleet.settings import Settings
 
 # -- format -----------------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_an_archive_has_the_documented_layout_manifest_and_column_types(tmp_path
     trials = pq.read_table(folder / "trials.parquet").to_pylist()
     assert [t["decision"] for t in trials] == [0, 0, 0, 0]
     assert [{k: v for k, v in t.items() if k not in ("decision", "extra_json")} for t in trials] == list(e.trials)
-    (read,) = arc.read_archive(folder).entries.values()
+    (read,) = farm_archives.read_archive(folder).entries.values()
     assert read == e and read.text == text
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left behind
 
@@ -84,17 +84,17 @@ def test_trial_fields_a_newer_farm_adds_survive_and_a_repeated_key_is_refused(tm
     e = entry(key_for(FP_A, "n=1"))
     rows = tuple({**t, "pid": 4242, "key_sha256": e.key_sha256} for t in e.trials)
     folder = hand_archive(tmp_path, FP_A, [arc.ArchiveEntry(e.record, e.problem_id, rows)])
-    (read,) = arc.read_archive(folder).entries.values()
+    (read,) = farm_archives.read_archive(folder).entries.values()
     assert read.trials == tuple({k: v for k, v in t.items() if k != "key_sha256"} for t in rows)
     edit_rows(folder, arc.DECISIONS_FILE, lambda decisions: decisions + decisions)
     with pytest.raises(arc.ArchiveError, match="row 1 .*duplicate key: refused"):
-        arc.read_archive(folder)
+        farm_archives.read_archive(folder)
 
 
 def test_rewriting_an_archive_replaces_it_whole_and_a_refused_write_leaves_the_old_one(tmp_path):
     first = hand_archive(tmp_path, FP_A, [entry(key_for(FP_A, "n=1"))])
     hand_archive(tmp_path, FP_A, [entry(key_for(FP_A, "n=2")), entry(key_for(FP_A, "n=3"))])
-    assert len(arc.read_archive(first).entries) == 2
+    assert len(farm_archives.read_archive(first).entries) == 2
     before = tree(first)
     with pytest.raises(arc.ArchiveError, match="environment is not the archive's fingerprint"):
         hand_archive(tmp_path, FP_A, [entry(key_for(FP_B, "n=1"))])
@@ -136,12 +136,12 @@ def test_redis_to_archive_to_a_fresh_cache_directory_gives_the_decisions_the_run
     for r in records[:3]:
         assert local.get(r.cache_key) == r
         assert local.trials(r.cache_key) == store.trials(fingerprint_digest(FP_A), r.cache_key)
-    sink = DirectorySink(cache)
+    sink = LocalStore(cache, owner=FARM)  # the embedded farm's sink
     pids = [str(r.meta["problem_id"]) for r in records[:3]]
     assert sink.decided(fingerprint_digest(FP_A), pids) == set(pids[:2])  # the third was published without one
     # ... and the cache directory exports back to the same decisions.
     again = ops.export_cache(cache, tmp_path / "again")
-    assert sorted(e.record.to_json() for e in arc.read_archive(again[0].written.path).entries.values()) == sorted(
+    assert sorted(e.record.to_json() for e in farm_archives.read_archive(again[0].written.path).entries.values()) == sorted(
         r.to_json() for r in records[:3])
 
 
@@ -151,6 +151,6 @@ def test_importing_into_a_cache_directory_applies_the_replacement_rule_to_what_i
     LocalStore(cache, 100).put(make_record(key, verified=True, created=50.0, winner=2))
     folder = hand_archive(tmp_path / "a", FP_A, [entry(key, verified=False, created=99.0),
                                                   entry(key_for(FP_A, "n=2"))])
-    result = ops.import_cache([arc.read_archive(folder)], cache, FP_A)
+    result = ops.import_cache([farm_archives.read_archive(folder)], cache, FP_A)
     assert (result[0].new, result[0].replaced, result[0].kept) == (1, 0, 1)
     assert LocalStore(cache, 100).get(key).name == "other"

@@ -1,6 +1,6 @@
-"""Schema 2 archives published in batches: schema 1 still read, records and trial rows rebuilt exactly, the Redis
-batch path under the same replacement rule as ``farm_publish`` (judged, WATCHed, retried, or one call per
-decision), and all or nothing into a local cache."""
+"""Archives published in batches: records and trial rows rebuilt exactly, into Redis through the store's one
+publication (``farm_publish``, a batch per call) leaving what one publication per call leaves, and all or nothing
+into a local cache."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -29,66 +28,19 @@ from archive_helpers import (
     resealed_row,
 )
 
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.stores import archive as arc
-from farm.stores import redis_batch
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, event_run
 from farm.stores.local import LocalStore
 from farm.stores.redis import RedisDecisions
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 from farm_fleet.settings import Settings
-
-V1 = Path(__file__).parent / "data" / "archive-v1" / fingerprint_digest(FP_A)
 
 
 @pytest.fixture
 def store(redis_db):
     return RedisDecisions(client=redis_db, settings=Settings(prefix=PREFIX))
-
-
-def v1_copy(tmp_path: Path) -> Path:
-    folder = tmp_path / "in" / V1.name
-    shutil.copytree(V1, folder)
-    return folder
-
-
-# -- schema 1: read only -----------------------------------------------------------------------------------------
-
-
-def test_a_schema_1_archive_is_read_imported_served_and_rewritten_as_schema_2(store, redis_db, tmp_path):
-    folder = v1_copy(tmp_path)
-    stored = {r["key_sha256"]: r for r in pq.read_table(folder / arc.DECISIONS_FILE).to_pylist()}
-    archive = arc.read_archive(folder)
-    assert archive.manifest["schema_version"] == 1 and len(archive.entries) == 4 and archive.trial_rows == 12
-    for sha, e in archive.entries.items():
-        assert e.record.to_json() == e.text == stored[sha]["record_json"]
-        assert e.problem_id == stored[sha]["problem_id"]
-    newer = [e for e in archive.entries.values() if e.trials and "pid" in e.trials[0]]
-    assert len(newer) == 1 and all(t["pid"] == 4242 for t in newer[0].trials)  # a newer farm's trial field
-
-    (result,) = ops.import_redis([archive], store)
-    assert (result.new, result.replaced, result.kept) == (4, 0, 0)
-    cache = tmp_path / "cache"
-    (result,) = ops.import_cache([archive], cache, FP_A)
-    assert result.new == 4
-    local = LocalStore(cache)
-    served = arc.ArchiveStore(folder.parent)
-    for e in archive.entries.values():
-        key = e.record.cache_key
-        assert store.get(key) == e.record == local.get(key) == served.get(key)
-        assert store.trials(fingerprint_digest(FP_A), key) == list(e.trials) == local.trials(key)
-
-    merged = ops.merge_archives([folder, folder], tmp_path / "v2")  # the way to rewrite it as schema 2
-    again = arc.read_archive(merged.written.path)
-    assert again.manifest["schema_version"] == 2 and again.entries == archive.entries
-    assert all(again.entries[sha].text == e.text for sha, e in archive.entries.items())
-
-    def change(rows):
-        rows[0]["record_json"] = rows[0]["record_json"].replace('"run":"run-1"', '"run":"run-9"')
-        return rows
-    edit_rows(folder, arc.DECISIONS_FILE, change)
-    with pytest.raises(arc.ArchiveError, match="decisions.parquet: row 0 .*column 'record_json': checksum mismatch"):
-        arc.read_archive(folder)
 
 
 # -- exact records and trial rows -------------------------------------------------------------------------------
@@ -105,14 +57,14 @@ def test_every_record_text_is_rebuilt_exactly_and_its_run_read_for_the_update_ev
         make_record(key_for(FP_A, "n=5"), run=None, created=1e9 + 0.123456789, ratio=1 / 3),
         DecisionRecord(key_for(FP_A, "n=6"), 2, 0, "other", False, 2.0, 0.0, {}),
     ]
-    folder = arc.write_archive(tmp_path, FP_A, [arc.ArchiveEntry(r) for r in records]).path
-    archive = arc.read_archive(folder)
+    folder = farm_archives.write_archive(tmp_path, FP_A, [arc.ArchiveEntry(r) for r in records]).path
+    archive = farm_archives.read_archive(folder)
     by_key = dict(zip(archive.rows.keys, zip(archive.rows.texts, archive.rows.runs, strict=True), strict=True))
     for r in records:
         text, run = by_key[r.cache_key]
         assert text == r.to_json()
         assert run == event_run(r.meta.get("run")) == {"run-1": "run-1", 42: "42", None: ""}[r.meta.get("run")]
-    assert arc.read_archive(folder).rows.digests == [hashlib.sha256(k.encode()).digest() for k in archive.rows.keys]
+    assert farm_archives.read_archive(folder).rows.digests == [hashlib.sha256(k.encode()).digest() for k in archive.rows.keys]
 
 
 def test_trial_rows_come_back_as_the_same_values_through_the_json_an_import_writes(tmp_path):
@@ -132,7 +84,7 @@ def test_trial_rows_come_back_as_the_same_values_through_the_json_an_import_writ
     for i in range(2, 4000):  # 10,000 rows: a decision spans two of the reader's batches of 8,192 rows
         r = make_record(key_for(FP_A, f"n={i}"))
         entries.append(arc.ArchiveEntry(r, None, tuple(plain) if i % 7 else ()))
-    archive = arc.read_archive(arc.write_archive(tmp_path, FP_A, entries).path)
+    archive = farm_archives.read_archive(farm_archives.write_archive(tmp_path, FP_A, entries).path)
     assert archive.trial_rows > 8192
     texts = dict(zip(archive.rows.keys, archive.rows.trials, strict=True))
 
@@ -161,7 +113,7 @@ def test_a_trial_value_every_row_holds_is_written_as_json_writes_it(tmp_path, va
     records = [make_record(key_for(FP_A, f"n={i}")) for i in range(50)]
     entries = [arc.ArchiveEntry(r, None, tuple({**t, "max_abs_error": value, "host": "größe", "note": "same"}
                                                for t in make_trials(r, 3))) for r in records]
-    archive = arc.read_archive(arc.write_archive(tmp_path, FP_A, entries).path)
+    archive = farm_archives.read_archive(farm_archives.write_archive(tmp_path, FP_A, entries).path)
     for text in archive.rows.trials:
         rows = json.loads(text)
         assert [r["host"] for r in rows] == ["größe"] * 4 and {r["note"] for r in rows} == {"same"}
@@ -177,7 +129,7 @@ def test_key_parts_that_hold_one_value_join_as_the_fields_encoding_does():
     import pyarrow as pa
 
     from farm.encoding import fields
-    from farm.stores.archive.checks import join_fields
+    from farm_archives.checks import join_fields
 
     one = pa.array(["größe \"q\""] * 3).dictionary_encode()
     two = pa.array(["a", "b", "a"]).dictionary_encode()
@@ -191,7 +143,7 @@ def test_key_parts_that_hold_one_value_join_as_the_fields_encoding_does():
 def test_the_first_bad_row_of_a_batch_is_reported_whatever_its_fault(tmp_path):
     """Faults in several rows of one batch: the earliest row is named, with its own fault."""
     entries = [entry(key_for(FP_A, f"n={i}")) for i in range(20)]
-    folder = arc.write_archive(tmp_path, FP_A, entries).path
+    folder = farm_archives.write_archive(tmp_path, FP_A, entries).path
 
     def change(rows):
         rows[12]["key_hash"] += 1  # a later row: a wrong key hash
@@ -201,26 +153,26 @@ def test_the_first_bad_row_of_a_batch_is_reported_whatever_its_fault(tmp_path):
 
     edit_rows(folder, arc.DECISIONS_FILE, change)
     with pytest.raises(arc.ArchiveError, match=r"row 5 \(key [0-9a-f]{12}\): column 'checksum'"):
-        arc.read_archive(folder)
+        farm_archives.read_archive(folder)
 
 
 def test_a_row_group_of_no_rows_is_read_as_nothing(tmp_path):
     entries = [entry(key_for(FP_A, f"n={i}")) for i in range(3)]
-    folder = arc.write_archive(tmp_path, FP_A, entries).path
+    folder = farm_archives.write_archive(tmp_path, FP_A, entries).path
     table = pq.read_table(folder / arc.DECISIONS_FILE)
     with pq.ParquetWriter(folder / arc.DECISIONS_FILE, table.schema) as writer:
         writer.write_table(table.slice(0, 0))  # an empty row group first (a hand-made file), then the rows
         writer.write_table(table)
     assert pq.ParquetFile(folder / arc.DECISIONS_FILE).num_row_groups == 2
     reseal(folder)
-    archive = arc.read_archive(folder)
+    archive = farm_archives.read_archive(folder)
     assert archive.rows.texts == [e.record.to_json() for e in sorted(entries, key=lambda e: e.record.cache_key)]
 
 
 def test_a_meta_json_fault_is_reported_before_a_fault_in_a_later_batch(tmp_path):
     """meta_json is checked on a thread beside the rest: still, the fault earliest in the file is reported."""
     entries = [entry(key_for(FP_A, f"n={i}")) for i in range(2500)]  # the reader decodes 1,024 rows at a time
-    folder = arc.write_archive(tmp_path, FP_A, entries).path
+    folder = farm_archives.write_archive(tmp_path, FP_A, entries).path
 
     def change(rows):
         rows[3]["meta_json"] = "[1, 2]"
@@ -229,10 +181,10 @@ def test_a_meta_json_fault_is_reported_before_a_fault_in_a_later_batch(tmp_path)
 
     edit_rows(folder, arc.DECISIONS_FILE, change)
     with pytest.raises(arc.ArchiveError, match=r"row 3 \(key [0-9a-f]{12}\): column 'meta_json' is a list"):
-        arc.read_archive(folder)
+        farm_archives.read_archive(folder)
 
 
-# -- Redis: the batch path keeps farm_publish's rule --------------------------------------------------------------
+# -- Redis: a batch leaves what one publication per call leaves ---------------------------------------------------
 
 
 def rule_cases() -> list[tuple[str, str | None, DecisionRecord]]:
@@ -275,8 +227,7 @@ def test_a_batch_import_judges_every_decision_as_farm_publish_does(redis_srv):
             for i, (_, _, record) in enumerate(cases)]
     single = RedisDecisions(client=one, settings=settings)
     expected = [single.publish(p.record, p.fingerprint, p.problem_id, list(p.trials)) for p in pubs]
-    got = redis_batch.publish_batch(RedisDecisions(client=batched, settings=settings),
-                                    PublicationBatch.of(FP_A, pubs), size=4)
+    got = RedisDecisions(client=batched, settings=settings).publish_batch(PublicationBatch.of(FP_A, pubs), size=4)
     assert got == expected
     assert {r for _, r in got} >= {"new", "kept: the stored record is newer", "replaced: newer run",
                                    "kept: a verified record beats an unverified one",
@@ -313,7 +264,7 @@ def test_a_batch_import_encodes_every_value_as_farm_publish_receives_it(redis_sr
     expected = RedisDecisions(client=one, settings=settings).publish_many(pubs)
     batch = PublicationBatch.of(FP_A, pubs)
     batch = dataclasses.replace(batch, problem_ids=[p if p or i % 2 else None for i, p in enumerate(batch.problem_ids)])
-    got = redis_batch.publish_batch(RedisDecisions(client=batched, settings=settings), batch, size=5)
+    got = RedisDecisions(client=batched, settings=settings).publish_batch(batch, size=5)
     assert got == expected
     assert {r for _, r in got} == {"new", "kept: the stored record is newer", "replaced: newer run",
                                    "kept: a verified record beats an unverified one",
@@ -324,44 +275,41 @@ def test_a_batch_import_encodes_every_value_as_farm_publish_receives_it(redis_sr
     assert any(ord(c) > 0xFFFF for text in one.hgetall(settings.trials_key(digest)).values() for c in text)
 
 
-@pytest.mark.parametrize("size", [1000, 1])
-def test_a_batch_judged_before_another_publication_is_judged_again(store, redis_db, monkeypatch, size):
+def test_a_key_published_twice_in_one_batch_ends_as_published_one_after_the_other(redis_srv):
+    """Within one call the second publication of a key is judged against the first (kept or replacing it), and the
+    trial rows and problem ids are the last winner's, as after one call per publication."""
+    settings = Settings(prefix=PREFIX)
+    one, batched = redis_srv.client(1), redis_srv.client(2)
+    one.flushall()
+    a, b = key_for(FP_A, "n=1"), key_for(FP_A, "n=2")
+    first, newer, older = make_record(a, created=10.0), make_record(a, winner=2, created=20.0), make_record(b, created=5.0)
+    pubs = [Publication(first, FP_A, "p1", tuple(make_trials(first))), Publication(newer, FP_A, "p2"),
+            Publication(make_record(b, created=9.0), FP_A, "", tuple(make_trials(first))), Publication(older, FP_A, "p3")]
+    expected = [RedisDecisions(client=one, settings=settings).publish_many([p])[0] for p in pubs]
+    got = RedisDecisions(client=batched, settings=settings).publish_batch(PublicationBatch.of(FP_A, pubs))
+    assert got == expected == [(True, "new"), (True, "replaced: newer run"), (True, "new"),
+                               (False, "kept: the stored record is newer")]
+    assert redis_state(batched) == redis_state(one)
+    digest = fingerprint_digest(FP_A)
+    for key in (settings.decisions_key(digest), settings.trials_key(digest), settings.problems_key(digest)):
+        assert batched.hgetall(key) == one.hgetall(key)
+
+
+def test_fenced_publications_in_one_batch_are_each_checked_and_consume_their_lease(store, redis_db):
     records = [make_record(key_for(FP_A, f"n={i}"), created=10.0) for i in range(3)]
-    newer = make_record(records[1].cache_key, winner=2, created=50.0)
-    other = RedisDecisions(client=redis_db, settings=store.settings)
-    judge = redis_batch._read_judge
-    calls = []
-
-    def racing(conn, part):  # the coordinator publishes between WATCH and EXEC
-        reasons = judge(conn, part)
-        if not calls:
-            other.publish(newer, FP_A)
-        calls.append(reasons)
-        return reasons
-
-    monkeypatch.setattr(redis_batch, "_read_judge", racing)
-    got = redis_batch.publish_batch(store, PublicationBatch.of(FP_A, [Publication(r, FP_A) for r in records]),
-                                    size=size)
-    parts = 3 if size == 1 else 1
-    assert len(calls) > parts  # the first transaction was cancelled, its part judged again
-    assert got == [(True, "new"), (False, "kept: the stored record is newer"), (True, "new")]
-    assert store.get(records[1].cache_key) == newer and store.get(records[0].cache_key) == records[0]
-    assert len(redis_db.xrange(f"{PREFIX}:events")) == 3  # the racing publication and two of the batch
-
-
-def test_a_batch_that_keeps_losing_its_watch_is_published_one_call_at_a_time(store, redis_db, monkeypatch):
-    monkeypatch.setattr(redis_batch, "RETRIES", 0)
-    pubs = [Publication(r, FP_A, "p", tuple(make_trials(r))) for r in
-            (make_record(key_for(FP_A, f"n={i}")) for i in range(3))]
-    got = redis_batch.publish_batch(store, PublicationBatch.of(FP_A, pubs))
-    assert got == [(True, "new")] * 3
-    assert all(store.get(p.record.cache_key) == p.record for p in pubs)
-    assert store.trials(fingerprint_digest(FP_A), pubs[0].record.cache_key) == list(pubs[0].trials)
+    redis_db.set("lease:0", "t0")
+    redis_db.set("lease:2", "t2")
+    pubs = [Publication(records[0], FP_A, fence=("lease:0", "t0")), Publication(records[1], FP_A),
+            Publication(records[2], FP_A, fence=("lease:2", "stale"))]
+    got = store.publish_many(pubs)
+    assert got == [(True, "new"), (True, "new"), (False, "refused: stale lease (held by t2)")]
+    assert redis_db.get("lease:0") is None and redis_db.get("lease:2") == "t2"  # consumed; a refusal keeps it
+    assert store.get(records[2].cache_key) is None and store.get(records[0].cache_key) == records[0]
 
 
 def test_an_import_into_redis_publishes_problem_ids_trial_rows_and_fingerprints(store, redis_db, tmp_path):
     entries = [entry(key_for(FP_A, f"n={i}")) for i in range(5)] + [arc.ArchiveEntry(make_record(key_for(FP_A, "x")))]
-    archive = arc.read_archive(arc.write_archive(tmp_path, FP_A, entries).path)
+    archive = farm_archives.read_archive(farm_archives.write_archive(tmp_path, FP_A, entries).path)
     (result,) = ops.import_redis([archive], store)
     assert result.new == 6
     digest = fingerprint_digest(FP_A)
@@ -401,7 +349,7 @@ def test_an_import_into_a_cache_that_fails_midway_leaves_the_cache_as_it_was(tmp
     cache = tmp_path / "cache"
     LocalStore(cache, 100).put(make_record(key_for(FP_A, "n=1"), verified=False, created=1.0))
     before = cache_state(cache)
-    archives = [arc.read_archive(arc.write_archive(tmp_path / "a", fp, [entry(key_for(fp, f"n={i}"))
+    archives = [farm_archives.read_archive(farm_archives.write_archive(tmp_path / "a", fp, [entry(key_for(fp, f"n={i}"))
                                                                        for i in range(3)]).path)
                 for fp in (FP_A, FP_B)]
     connect = LocalStore._connect
@@ -416,7 +364,7 @@ def test_an_import_into_a_cache_that_fails_midway_leaves_the_cache_as_it_was(tmp
 
 def with_meta_json(tmp_path: Path, row: int, meta_json: str) -> Path:
     """An archive of 3 decisions whose row ``row`` holds ``meta_json``, with its checksum recomputed."""
-    folder = arc.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
+    folder = farm_archives.write_archive(tmp_path, FP_A, [entry(key_for(FP_A, f"n={i}")) for i in range(3)]).path
 
     def change(rows):
         rows[row]["meta_json"] = meta_json
@@ -435,7 +383,7 @@ def with_meta_json(tmp_path: Path, row: int, meta_json: str) -> Path:
     ('{}', ""),
 ])
 def test_every_meta_json_json_accepts_is_imported_with_its_run(tmp_path, meta_json, run):
-    archive = arc.read_archive(with_meta_json(tmp_path, 1, meta_json))
+    archive = farm_archives.read_archive(with_meta_json(tmp_path, 1, meta_json))
     assert archive.rows.runs[1] == run == event_run(json.loads(meta_json).get("run"))
     assert json.loads(archive.rows.texts[1])["meta"] == json.loads(meta_json)
 
@@ -448,4 +396,4 @@ def test_every_meta_json_json_accepts_is_imported_with_its_run(tmp_path, meta_js
 def test_a_meta_json_json_refuses_is_refused_naming_its_row(tmp_path, meta_json, says):
     folder = with_meta_json(tmp_path, 2, meta_json)
     with pytest.raises(arc.ArchiveError, match=rf"row 2 \(key [0-9a-f]{{12}}\): column 'meta_json' {says}"):
-        arc.read_archive(folder)
+        farm_archives.read_archive(folder)

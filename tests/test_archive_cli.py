@@ -22,11 +22,12 @@ from archive_helpers import (
 )
 
 import farm
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.identity import split_fields
 from farm.stores import archive as arc
 from farm.stores.redis import field_for
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 
 # -- merge and diff ---------------------------------------------------------------------------------------------
 
@@ -41,7 +42,7 @@ def test_merge_keeps_per_key_what_the_replacement_rule_keeps_with_its_trials(tmp
     c = hand_archive(tmp_path / "c", FP_A, [entry(k1, verified=True, created=50.0, winner=2, run="c")])
     result = ops.merge_archives([a, b, c], tmp_path / "m")
     assert result.written.decisions == 3 and result.replaced == 2
-    merged = arc.read_archive(result.written.path).entries
+    merged = farm_archives.read_archive(result.written.path).entries
     runs = {e.record.cache_key: (e.record.meta["run"], e.record.name, e.record.verified) for e in merged.values()}
     assert runs == {k1: ("c", "other", True), k2: ("b", "other", True), k3: ("b", "fast", True)}
     assert all(t["run"] == e.record.meta["run"] for e in merged.values() for t in e.trials)

@@ -36,11 +36,12 @@ from archive_helpers import (
 )
 
 import farm
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.identity import Candidate, Problem, Scope, fields, split_fields
 from farm.stores import archive as arc
 from farm.stores.local import LocalStore
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 
 # -- hostile archives: refused at once, never followed, never a hang ---------------------------------------------
 
@@ -107,11 +108,11 @@ def test_archives_and_a_new_cache_follow_the_umask_and_an_existing_cache_keeps_i
     old = os.umask(0o022)
     try:
         folder = hand_archive(tmp_path / "out", FP_A, [entry(key_for(FP_A, "n=1"))])
-        ops.import_cache([arc.read_archive(folder)], tmp_path / "new-cache", FP_A)
+        ops.import_cache([farm_archives.read_archive(folder)], tmp_path / "new-cache", FP_A)
         shared = tmp_path / "shared-cache"
         shared.mkdir(mode=0o750)
         os.chmod(shared, 0o750)
-        ops.import_cache([arc.read_archive(folder)], shared, FP_A)
+        ops.import_cache([farm_archives.read_archive(folder)], shared, FP_A)
     finally:
         os.umask(old)
 
@@ -146,7 +147,7 @@ def _bad_sha(folder: Path) -> None:
 
 
 def v2_row(e: arc.ArchiveEntry, fingerprint: str) -> dict[str, object]:
-    from farm.stores.archive.writer import decision_values
+    from farm_archives.writer import decision_values
 
     return dict(zip(arc.DECISION_FIELDS, decision_values(e, fingerprint), strict=True))
 
@@ -212,8 +213,8 @@ CORRUPTIONS = {
     "truncated parquet": (_truncate, "decisions.parquet.*bytes.*truncated"),
     "truncated parquet with a resealed manifest": (_truncate_resealed, "trials.parquet: not a readable Parquet"),
     "unknown schema version": (lambda f: edit_manifest(f, lambda m: m.update(schema_version=3)),
-                               "manifest.json: field 'schema_version' = 3: this farm reads archive schema versions "
-                               "1 and 2 only"),
+                               "manifest.json: field 'schema_version' = 3: this farm reads archive schema version "
+                               "2 only"),
     "manifest sha256 mismatch": (_bad_sha, "decisions.parquet: sha256 .* 'sha256.decisions.parquet'"),
     "edited meta_json": (_edit_meta, "decisions.parquet: row 0 .*column 'checksum' = [0-9a-f]{12}… is not the "
                                      "sha256 of the record rebuilt"),
@@ -277,7 +278,7 @@ def test_a_corrupt_archive_is_refused_with_nothing_imported_into_redis_or_a_cach
 def test_a_fingerprint_mismatch_is_refused_and_force_rekeys_to_the_target(store, redis_db, tmp_path):
     key = key_for(FP_A, "n=1")
     folder = hand_archive(tmp_path, FP_A, [entry(key)])
-    archives = [arc.read_archive(folder)]
+    archives = [farm_archives.read_archive(folder)]
     with pytest.raises(arc.ArchiveError, match="fingerprint mismatch.*nothing imported"):
         ops.import_redis(archives, store, fingerprint=FP_B)
     assert redis_db.dbsize() == 0

@@ -26,7 +26,7 @@ from servers import farm_env
 import farm
 from farm.identity import Candidate, Problem, Scope, cache_key, fields
 from farm.stores import archive as arc
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 
 # -- the runtime's fleet tier -----------------------------------------------------------------------------------
 

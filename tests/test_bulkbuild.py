@@ -18,9 +18,9 @@ import pytest
 from farm.environment import fingerprint_digest
 from farm.stores import bulkbuild
 from farm.stores import local as local_module
-from farm.stores.base import DecisionRecord, Publication, key_sha256
-from farm.stores.columns import TextColumn, arrow_texts
+from farm.stores.base import DecisionRecord, Publication
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
+from farm_archives.columns import TextColumn, arrow_texts
 
 
 def record(key: str, **changes: Any) -> DecisionRecord:
@@ -168,14 +168,6 @@ def test_a_text_column_reads_as_the_list_of_its_texts_however_it_was_built(parts
 def test_a_text_column_refuses_nulls() -> None:
     with pytest.raises(ValueError, match="no nulls"):
         TextColumn().append_array(pa.array(["a", None]))
-
-
-def test_the_farm_migrates_a_directory_of_the_previous_format_instead_of_building_a_file(tmp_path: Path) -> None:
-    (tmp_path / f"{key_sha256('old')}.json").write_text(record("old").to_json())  # the previous format
-    farm_side = LocalStore(tmp_path, owner=FARM)
-    assert farm_side.publish_many(publications(time.time()))[0] == (True, "new")
-    assert farm_side.get("old") is not None and len(farm_side) == 32  # migrated, then published
-    assert not list(tmp_path.glob("*.json"))
 
 
 def test_a_sqlite_failure_while_building_is_an_oserror_naming_the_file(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from servers import farm_env
 
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
 from farm.policy import StackPolicy
@@ -27,7 +28,7 @@ def archive(parent: Path, workloads: tuple[str, ...]) -> Path:
                         [Candidate("ref"), Candidate("fast")], 0, StackPolicy())
         meta = {"run": "r", "operation": split_fields(key)[2], "fingerprint": fingerprint_digest(key_environment(key))}
         entries.append(arc.ArchiveEntry(DecisionRecord(key, 1, 0, "fast", True, 0.5, time.time(), meta), None, ()))
-    return arc.write_archive(parent, FP, entries).path
+    return farm_archives.write_archive(parent, FP, entries).path
 
 
 def python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -101,10 +102,8 @@ def test_the_farms_redis_clients_leave_no_unclosed_socket_at_exit(redis_srv, tmp
 
 
 def test_an_import_without_cryptography_is_one_line_naming_the_install_command(tmp_path):
-    from farm.stores import archive as archives
-
-    key = archives.load_signing_key(archives.generate_keys(tmp_path / "keys", "k")[0])
-    folder = arc.write_archive(tmp_path / "a", FP, [], signer=key).path
+    key = farm_archives.load_signing_key(farm_archives.generate_keys(tmp_path / "keys", "k")[0])
+    folder = farm_archives.write_archive(tmp_path / "a", FP, [], signer=key).path
     script = ("import sys; sys.modules['cryptography'] = None; from farm_cli import main; "
               "main(args=sys.argv[1:], prog_name='farm')")
     done = python("-c", script, "archive", "import", str(folder), "--into-cache", str(tmp_path / "c"),

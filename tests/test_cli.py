@@ -219,7 +219,7 @@ def test_a_worker_logs_json_lines_with_task_results_only_at_debug(redis_srv, tmp
     from servers import wait_for, wait_worker_ready
 
     from farm_coordinator.catalog import load_catalog
-    from farm_coordinator.run import tune
+    from farm_coordinator.run import RunOptions, tune
     from farm_fleet.settings import Settings
 
     prefix = f"t{uuid.uuid4().hex[:8]}"
@@ -246,7 +246,7 @@ def test_a_worker_logs_json_lines_with_task_results_only_at_debug(redis_srv, tmp
     for level in ("INFO", "DEBUG"):
         worker = start(level)
         try:
-            tune(catalog, settings=settings, force=True, **celery_parts(settings))
+            tune(catalog, celery_parts(settings), settings, RunOptions(force=True))
             wait_for(lambda w=worker: "succeeded in" in w.output(), 30, "the task's success line")
         finally:
             worker.stop()

@@ -20,7 +20,7 @@ from farm_cli import main
 from farm_coordinator import precompile
 from farm_coordinator.catalog import Catalog, load_catalog
 from farm_coordinator.plan import Target, expand
-from farm_coordinator.spacesearch import SpaceSearch, parse_group
+from farm_coordinator.spacestrategy import SpaceSearch, parse_group
 from farm_fleet.protocol import GroupResult
 from farm_kernels import matmul
 from farm_kernels.cuda import kcache
@@ -243,10 +243,12 @@ class OneGpuFleet:
 def test_a_run_compiles_before_it_sends_and_never_sends_a_rejected_config(compiled: Any, tmp_path: Path) -> None:
     from rich.console import Console
 
+    from farm.stores.local import FARM, LocalStore
     from farm_coordinator.aggregate import trial_rows
     from farm_coordinator.dispatch import LocalDispatcher
+    from farm_coordinator.ports import Parts
     from farm_coordinator.run import tune
-    from farm_coordinator.sinks import DirectorySink
+    from farm_coordinator.runview import ConsoleObserver
     from farm_fleet.protocol import GroupTask
     from farm_fleet.settings import Settings
     from farm_kernels import registry
@@ -266,8 +268,9 @@ def test_a_run_compiles_before_it_sends_and_never_sends_a_rejected_config(compil
 
     compiler = Counting(precompile.local_compiler(kcache.DirectoryCache(root / "kernels"), 1))
     console = Console(file=(tmp_path / "log.txt").open("w"), width=300)
-    summary = tune(catalog_at(tmp_path / "c.toml"), OneGpuFleet(gpu()), LocalDispatcher(execute),
-                   DirectorySink(tmp_path / "d"), Settings(), console=console, precompile=precompile.stage(compiler))
+    parts = Parts(OneGpuFleet(gpu()), LocalDispatcher(execute), LocalStore(tmp_path / "d", owner=FARM),
+                  precompile=precompile.stage(compiler), observer=ConsoleObserver(console))
+    summary = tune(catalog_at(tmp_path / "c.toml"), parts, Settings())
     console.file.close()
     assert compiler.calls == [len(feasible_configs())]  # once, before the first group
     asked = {name for task in sent for name, _ in task.candidates}

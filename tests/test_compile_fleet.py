@@ -17,12 +17,13 @@ from nvrtc_support import skip_without_nvrtc
 from servers import WorkerProcess, farm_env, wait_for
 
 from farm_cli import main
+from farm_coordinator.compilefleet import compile_on_fleet, compile_workers
 from farm_fleet.errors import CompileTimeout
 from farm_fleet.settings import Settings
 from farm_kernels import matmul
 from farm_kernels.cuda import compile as stage
 from farm_kernels.cuda import kcache
-from farm_workers.compile import compile_batch, compile_on_fleet, compile_workers
+from farm_workers.compile import compile_batch
 
 ARCH = "sm_90"
 

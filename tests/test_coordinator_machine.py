@@ -110,12 +110,15 @@ def test_a_group_without_a_result_is_lost_one_hard_limit_plus_grace_after_it_sta
     assert d.lost() == [task] and d.in_flight() == 0
 
 
-def test_a_run_reports_each_problem_state_and_group_result_to_its_event_hook(tmp_path):
+def test_a_run_reports_each_problem_state_and_group_result_to_its_observer(tmp_path):
+    from dataclasses import replace
+
     from farm_helpers import write_catalog
 
     from farm_cli import embedded_parts
     from farm_coordinator.catalog import load_catalog
     from farm_coordinator.run import tune
+    from farm_coordinator.runview import ConsoleObserver
 
     catalog = load_catalog(write_catalog(tmp_path / "c.toml", """
 [[problems]]
@@ -125,7 +128,7 @@ workloads = [{ n = 500, dtype = "float64" }]
     settings = Settings()
     events: list[Any] = []
     parts = embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
-    summary = tune(catalog, settings=settings, on_event=events.append, **parts)
+    summary = tune(catalog, replace(parts, observer=ConsoleObserver(on_event=events.append)), settings)
     kinds = [e.kind for e in events]
     assert kinds == ["queued", "running", "group", "group", "published"]
     assert (events[-1].groups_done, events[-1].groups_total) == (2, 2)
@@ -153,6 +156,8 @@ def test_a_group_that_never_starts_while_its_queue_stands_still_is_sent_again_wi
 
 
 def test_a_run_leases_problems_in_a_window_refilled_as_they_finish(tmp_path):
+    import dataclasses
+
     from farm_coordinator.leases import LocalLeases
     from farm_coordinator.run import tune
 
@@ -164,7 +169,7 @@ def test_a_run_leases_problems_in_a_window_refilled_as_they_finish(tmp_path):
             sizes.append(len(pids))
             return super().acquire(pids, holder)
 
-    summary = tune(catalog, settings=settings, leases=CountingLeases(), **parts)
+    summary = tune(catalog, dataclasses.replace(parts, leases=CountingLeases()), settings)
     assert summary.published == 600
     assert sizes[0] == 256 and max(sizes) == 256 and sum(sizes) == 600 and len(sizes) >= 3
 
@@ -214,7 +219,7 @@ workloads = [{workloads}]
 """), ("farm_testops",))
     settings = Settings(max_in_flight=64)
     parts = embedded_parts(settings, ("cpu:0",), tmp_path / "cache", ("farm_testops",))
-    real, template = parts["dispatcher"].execute, {}
+    real, template = parts.dispatcher.execute, {}
 
     def once(task, queue):
         if task.group not in template:
@@ -222,47 +227,47 @@ workloads = [{workloads}]
         return dataclasses.replace(template[task.group], run=task.run, problem_id=task.problem_id)
 
     if instant:
-        parts["dispatcher"].execute = once
+        parts.dispatcher.execute = once
     return catalog, settings, parts
 
 
 def test_a_run_keeps_counts_and_one_compact_entry_per_problem_and_only_the_first_aggregates(tmp_path):
     from farm_cli import summary as report
-    from farm_coordinator.run import tune
+    from farm_coordinator.run import RunOptions, tune
 
     catalog, settings, parts = _many(tmp_path, 300)
     calls: list[int] = []
-    publish_many = parts["sink"].publish_many
-    parts["sink"].publish_many = lambda pubs: calls.append(len(pubs)) or publish_many(pubs)
-    summary = tune(catalog, settings=settings, keep_aggregates=10, **parts)
+    publish_many = parts.sink.publish_many
+    parts.sink.publish_many = lambda pubs: calls.append(len(pubs)) or publish_many(pubs)
+    summary = tune(catalog, parts, settings, RunOptions(keep_aggregates=10))
     assert (summary.published, summary.failures, len(summary.problems), len(summary.aggregates)) == (300, 0, 300, 10)
     assert sum(calls) == 300 and len(calls) < 300  # published in batches
-    rows = report.rows(summary, parts["sink"])  # the CLI's summary reads the records back from the cache
+    rows = report.rows(summary, parts.sink)  # the CLI's summary reads the records back from the cache
     assert len(rows) == 300 and all(r["source"] == "ran" and r["winner"] for r in rows)
     assert not report.failures(rows)
-    again = tune(catalog, settings=settings, keep_aggregates=10, **parts)
+    again = tune(catalog, parts, settings, RunOptions(keep_aggregates=10))
     assert (again.published, again.decided_before, len(again.already_decided), again.aggregates) == (0, 300, 300, [])
-    assert {r["source"] for r in report.rows(again, parts["sink"])} == {"reused"}
+    assert {r["source"] for r in report.rows(again, parts.sink)} == {"reused"}
 
 
 def test_the_embedded_farm_holds_no_group_result_it_has_handled(tmp_path):
     from farm_coordinator.run import tune
 
     catalog, settings, parts = _many(tmp_path, 3, instant=False)
-    summary = tune(catalog, settings=settings, **parts)
+    summary = tune(catalog, parts, settings)
     assert summary.published == 3
-    (context,) = parts["fleet"].contexts.values()
+    (context,) = parts.fleet.contexts.values()
     assert context.results.get_many([GroupKey("x", "y", "z")]) == [None] and not context.results._results
 
 
 def test_problems_a_timed_out_run_never_took_fail_with_the_reason_and_are_never_expanded(tmp_path, monkeypatch):
     from farm_coordinator import plan
-    from farm_coordinator.run import tune
+    from farm_coordinator.run import RunOptions, tune
 
     catalog, settings, parts = _many(tmp_path, 300)
     made: list[str] = []
     problem = plan.Planner.problem
     monkeypatch.setattr(plan.Planner, "problem", lambda self, *a: made.append(a[-1]) or problem(self, *a))
-    summary = tune(catalog, settings=settings, timeout=-1.0, **parts)  # past its deadline from the start
+    summary = tune(catalog, parts, settings, RunOptions(timeout=-1.0))  # past its deadline from the start
     assert (summary.published, summary.failures, len(summary.problems)) == (0, 300, 300)
     assert {error for _, error in summary.failed} == {"not started before the timeout"} and made == []

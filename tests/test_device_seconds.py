@@ -24,6 +24,8 @@ from farm.stores.local import LocalStore
 from farm_cli.parts import embedded_parts
 from farm_coordinator.catalog import load_catalog
 from farm_coordinator.precompile import stage
+from farm_coordinator.run import RunOptions, tune
+from farm_coordinator.runview import ConsoleObserver
 from farm_fleet.protocol import STATUS_OK, GroupResult
 from farm_fleet.settings import Settings
 
@@ -74,8 +76,9 @@ def test_a_published_decision_records_its_groups_device_seconds_and_its_charged_
     settings = Settings.from_env({})
     devices = (f"replay:{path}#0", f"replay:{path}#1")  # two devices of one fingerprint: the winner is confirmed
     parts = replace(embedded_parts(settings, devices, tmp_path / "cache", ()),
-                    precompile=stage(lambda jobs: pytest.fail("no CUDA target: nothing to compile")))
-    summary = parts.tune(load_catalog(catalog), settings, run="r1", console=Console(file=io.StringIO()))
+                    precompile=stage(lambda jobs: pytest.fail("no CUDA target: nothing to compile")),
+                    observer=ConsoleObserver(Console(file=io.StringIO())))
+    summary = tune(load_catalog(catalog), parts, settings, RunOptions(run="r1"))
 
     (agg,) = summary.aggregates
     assert agg.record is not None and agg.confirmation is not None

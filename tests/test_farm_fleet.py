@@ -14,7 +14,7 @@ import farm
 from farm.errors import ConfigError
 from farm.stores.redis import RedisDecisions
 from farm_coordinator.catalog import load_catalog
-from farm_coordinator.run import tune
+from farm_coordinator.run import RunOptions, tune
 
 pytestmark = pytest.mark.servers
 
@@ -50,9 +50,9 @@ def two_workers(redis_srv, tmp_path_factory):
         yield f
 
 
-def run_catalog(f, catalog, **kw):
-    parts = f.coordinator()
-    return tune(load_catalog(catalog, ("farm_testops",)), settings=f.settings, **parts, **kw)
+def run_catalog(f, catalog, **options):
+    """``tune`` on the fleet's parts; ``options``: RunOptions' fields (force, timeout, ...)."""
+    return tune(load_catalog(catalog, ("farm_testops",)), f.coordinator(), f.settings, RunOptions(**options))
 
 
 def decision_of(summary, operation, n):

@@ -8,7 +8,7 @@ from servers import wait_for
 
 from farm.stores.redis import RedisDecisions
 from farm_coordinator.catalog import load_catalog
-from farm_coordinator.run import tune
+from farm_coordinator.run import RunOptions, tune
 from farm_fleet import presence
 from farm_fleet.protocol import GroupKey
 
@@ -34,7 +34,7 @@ def test_a_worker_killed_mid_run_loses_no_decision_and_duplicates_none(redis_srv
 
         def run() -> None:
             try:
-                outcome["summary"] = tune(catalog, settings=f.settings, timeout=150, **f.coordinator())
+                outcome["summary"] = tune(catalog, f.coordinator(), f.settings, RunOptions(timeout=150))
             except BaseException as e:  # surfaced below
                 outcome["error"] = e
 
@@ -82,7 +82,7 @@ workloads = [{ n = 400, dtype = "float64" }]
 
         outcome: dict[str, object] = {}
         coordinator = threading.Thread(
-            target=lambda: outcome.update(summary=tune(catalog, settings=f.settings, timeout=150, **f.coordinator())))
+            target=lambda: outcome.update(summary=tune(catalog, f.coordinator(), f.settings, RunOptions(timeout=150))))
         coordinator.start()
 
         def state_of_cpu0() -> str | None:
@@ -124,7 +124,7 @@ def test_a_rerun_reuses_only_successful_group_results_and_runs_failed_groups_aga
     with fleet(redis_srv, tmp_path / "fleet", ("cpu:0",)) as f:
         catalog = load_catalog(write_catalog(tmp_path / "c.toml", ONE), ("farm_testops",))
         client = f.client()
-        first = tune(catalog, settings=f.settings, **f.coordinator())
+        first = tune(catalog, f.coordinator(), f.settings)
         assert (first.ran, first.reused, first.published) == (2, 0, 1)
         (agg,) = first.aggregates
         pid, digest = agg.problem.problem_id, agg.problem.target.digest
@@ -135,7 +135,7 @@ def test_a_rerun_reuses_only_successful_group_results_and_runs_failed_groups_aga
         failed = GroupResult(g1.run, g1.problem_id, g1.group, "failed", error="the build was broken")
         client.set(f.settings.result_key(GroupKey(round_, pid, "g1")), json.dumps(failed.to_dict()))
 
-        again = tune(catalog, settings=f.settings, **f.coordinator())
+        again = tune(catalog, f.coordinator(), f.settings)
         assert (again.ran, again.reused, again.published) == (1, 1, 1)
         (agg,) = again.aggregates
         assert agg.results["g1"].status == "ok"
@@ -153,9 +153,9 @@ def test_a_coordinator_waiting_for_another_ones_lease_sleeps_instead_of_spinning
         catalog = load_catalog(write_catalog(tmp_path / "c.toml", ONE), ("farm_testops",))
         client = f.client()
         parts = f.coordinator()
-        (problem,) = expand(catalog, parts["fleet"].targets(), "other")
+        (problem,) = expand(catalog, parts.fleet.targets(), "other")
         client.set(f.settings.lease_key(problem.problem_id), "other#1", px=120_000)  # another live coordinator
-        dispatcher = parts["dispatcher"]
+        dispatcher = parts.dispatcher
         loops = [0]
         real = dispatcher.in_flight
 
@@ -168,7 +168,7 @@ def test_a_coordinator_waiting_for_another_ones_lease_sleeps_instead_of_spinning
 
         def run() -> None:
             started = time.thread_time()
-            outcome["summary"] = tune(catalog, settings=f.settings, **parts)
+            outcome["summary"] = tune(catalog, parts, f.settings)
             outcome["cpu"] = time.thread_time() - started
 
         coordinator = threading.Thread(target=run)

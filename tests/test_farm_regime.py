@@ -23,7 +23,7 @@ from farm_helpers import WORKER_ENV, Fleet, write_catalog
 from servers import TESTS, farm_env, start_worker, wait_worker_ready
 
 from farm_coordinator.catalog import load_catalog
-from farm_coordinator.run import tune
+from farm_coordinator.run import RunOptions, tune
 from farm_coordinator.status import collect
 from farm_fleet import presence
 from farm_fleet.settings import Settings
@@ -108,7 +108,7 @@ def test_the_workers_fingerprint_is_the_one_an_application_in_the_same_regime_co
 
 def test_a_blas_bound_decision_is_reproduced_and_served_in_its_regime_only(pinned, tmp_path):
     catalog = write_catalog(tmp_path / "blas.toml", BLAS)
-    summary = tune(load_catalog(catalog, KERNELS), settings=pinned.settings, force=True, **pinned.coordinator())
+    summary = tune(load_catalog(catalog, KERNELS), pinned.coordinator(), pinned.settings, RunOptions(force=True))
     (agg,) = summary.aggregates
     record = agg.record
     assert record is not None and record.name == "blas_matmul" and record.verified

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,7 +28,8 @@ from faultkit import (
 from servers import wait_for
 
 from farm_coordinator.catalog import load_catalog
-from farm_coordinator.run import RunSummary, tune
+from farm_coordinator.run import RunOptions, RunSummary, tune
+from farm_coordinator.runview import ConsoleObserver
 from farm_fleet import presence
 
 pytestmark = pytest.mark.servers
@@ -57,8 +59,8 @@ class Coordinator(threading.Thread):
 
         console = Console(file=_Lines(self.logs), width=200)
         try:
-            self.summary = tune(self.catalog, settings=self.f.settings, console=console, timeout=240,
-                                **self.f.parts(), **self.kw)
+            parts = replace(self.f.parts(), observer=ConsoleObserver(console))
+            self.summary = tune(self.catalog, parts, self.f.settings, RunOptions(timeout=240, **self.kw))
         except BaseException as e:  # surfaced by join_summary
             self.error = e
 

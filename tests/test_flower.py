@@ -1,7 +1,7 @@
 """`farm flower` for real: Flower on a free loopback port against the private redis-server and a real `farm worker`.
 
 Without credentials the dashboard and the API answer 401; with them the API lists the worker, and a finished
-trial task (``farm.run_groups``, sent by the coordinator) appears with its name and state.
+trial task (``farm.run_groups:<operation>``, sent by the coordinator) appears with that one name and its state.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_wi
     wait_for(lambda: flower.json("/api/workers?status=1").get(worker), 30, "Flower to receive the worker's events")
 
     catalog = load_catalog(write_catalog(tmp_path / "c.toml", SCALE), ("farm_testops",))
-    summary = tune(catalog, settings=f.settings, **f.coordinator())
+    summary = tune(catalog, f.coordinator(), f.settings)
     assert summary.published == 1
 
     def finished() -> list[dict[str, Any]]:
@@ -233,9 +233,12 @@ def test_a_finished_trial_task_appears_in_flower_with_its_name_and_state(farm_wi
 
     tasks = wait_for(finished, 30, "the trial task to appear in /api/tasks as SUCCESS")
     assert all(t["worker"] == worker for t in tasks)
-    # Named per operation, so Flower's pages and metrics split by operation.
-    # (the coordinator's task-sent event keeps the registered name farm.run_groups)
-    assert "farm.run_groups:farmtest_scale" in flower.json("/api/task/types")["task-types"]
+    # Named per operation, so Flower's pages and metrics split by operation, and by that one name from the
+    # coordinator's task-sent event to the worker's task-succeeded (issue 34, item 12): never the bare farm.run_groups.
+    types = flower.json("/api/task/types")["task-types"]
+    assert "farm.run_groups:farmtest_scale" in types and "farm.run_groups" not in types, types
+    sent = [t for t in flower.json("/api/tasks").values() if t.get("worker") is None]
+    assert sent == [], sent  # every task Flower saw sent was received by the worker under the same name
 
 
 @pytest.mark.servers
@@ -248,7 +251,7 @@ def test_a_group_that_failed_in_the_farm_is_a_failure_in_flower_with_the_groups_
     wait_for(lambda: flower.json("/api/workers?status=1").get(worker), 30, "Flower to receive the worker's events")
     broken = '[[problems]]\noperation = "uxtest_broken"\nworkloads = [{ n = 64, dtype = "float64" }]\n'
     catalog = load_catalog(write_catalog(tmp_path / "c.toml", broken), KERNELS)
-    summary = tune(catalog, settings=f.settings, **f.coordinator())
+    summary = tune(catalog, f.coordinator(), f.settings)
     assert summary.published == 0 and summary.failed  # the farm saw the failure ...
 
     def failed() -> list[dict[str, Any]]:

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ReadOnlyDatabase
 
-from farm.errors import ConfigError
-from farm.stores.base import CorruptRecord, DecisionRecord, _checksum
+from farm.decisions import DecisionRecord, _checksum
+from farm.errors import ConfigError, CorruptRecord
 from farm_coordinator.catalog import load_catalog
 from farm_fleet.protocol import GroupResult, GroupTask, ProtocolError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from archive_helpers import FP_A, key_for, make_record, make_trials
 
+import farm_archives
 from farm.errors import ArchiveError
 from farm.keyroster import KeyRoster, parse_descriptor
 from farm.space import Space
@@ -60,8 +61,8 @@ def spaced_entry(winner: int, name: str | None = None) -> arc.ArchiveEntry:
 
 def test_a_decision_over_a_space_is_written_to_an_archive_and_read_back(tmp_path) -> None:
     winner = ROSTER.index("tiled[block=32,layout=row,scale=True]")
-    folder = arc.write_archive(tmp_path, FP_A, [spaced_entry(winner)]).path
-    (entry,) = arc.read_archive(folder).entries.values()
+    folder = farm_archives.write_archive(tmp_path, FP_A, [spaced_entry(winner)]).path
+    (entry,) = farm_archives.read_archive(folder).entries.values()
     record = entry.record
     assert (record.index, record.name) == (winner, "tiled[block=32,layout=row,scale=True]")
 
@@ -72,7 +73,7 @@ def test_a_decision_over_a_space_is_written_to_an_archive_and_read_back(tmp_path
 ])
 def test_a_forged_winner_index_over_a_space_is_refused(tmp_path, winner, name, error) -> None:
     with pytest.raises(ArchiveError, match=error):
-        arc.write_archive(tmp_path, FP_A, [spaced_entry(winner, name)])
+        farm_archives.write_archive(tmp_path, FP_A, [spaced_entry(winner, name)])
 
 
 def test_a_result_without_names_is_aggregated_by_the_names_unranked_from_its_key() -> None:

@@ -17,9 +17,10 @@ from farm.engine import DecisionSource, StackTuner
 from farm.errors import TuneFailure
 from farm.nearest import FamilyIndex, distance, family_of, parse_workload, query_of, rank
 from farm.policy import Mode, StackPolicy
-from farm.stores.archive import ArchiveEntry, ArchiveStore, write_archive
+from farm.stores.archive import ArchiveEntry, ArchiveStore
 from farm.stores.base import DecisionRecord
 from farm.stores.local import FARM, LocalStore
+from farm_archives import write_archive
 
 ENV = "8:backend16:device-class-text"
 C = candidates("ref", "a", "b")
@@ -345,15 +346,6 @@ def test_a_held_borrowed_decision_ends_with_its_origin_records_ttl(tmp_path: Pat
     monkeypatch.setattr(farm.borrowing, "time", Later)
     assert tuner.select(square(128), C, 0, runner).source is DecisionSource.CACHE_MISS  # expired: the origin too
     assert runner.calls == [("validate", 0, 1)]
-
-
-def test_a_cache_directory_of_the_previous_format_is_indexed_when_migrated(tmp_path: Path) -> None:
-    from farm.stores.base import key_hash
-
-    old = record(key_of(square(64)))
-    (tmp_path / f"{key_hash(old.cache_key).hex()}.json").write_text(old.to_json())
-    hits = LocalStore(tmp_path, 64).nearest(query_of(key_of(square(128))), 3.0)
-    assert [h.record for h in hits] == [old]
 
 
 def test_a_tier_whose_nearest_lookup_fails_is_a_logged_warning_and_no_answer(tmp_path: Path, caplog) -> None:

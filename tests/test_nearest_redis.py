@@ -15,7 +15,6 @@ from farm.nearest import query_of
 from farm.policy import Mode
 from farm.stores.base import Publication, PublicationBatch
 from farm.stores.redis import RedisDecisions
-from farm.stores.redis_batch import publish_batch
 from farm_fleet.settings import Settings
 
 C = candidates("ref", "a", "b")
@@ -77,7 +76,7 @@ def test_a_deleted_decision_is_no_longer_an_answer(redis_db) -> None:
 def test_an_archive_import_into_redis_indexes_its_decisions_in_its_transaction(redis_db) -> None:
     store = RedisDecisions(client=redis_db, settings=Settings(prefix="t"))
     pubs = [Publication(record(key_of(square(n))), ENV) for n in (24, 48, 96)]
-    publish_batch(store, PublicationBatch.of(ENV, pubs))
+    store.publish_batch(PublicationBatch.of(ENV, pubs))
     assert [h.workload for h in store.nearest(query_of(key_of(square(50))), 3.0)] == [
         square(48).workload, square(96).workload, square(24).workload]
 

@@ -15,7 +15,7 @@ from farm.errors import TuneFailure
 from farm.priors import PriorFirst, Source, source, weight
 from farm.spacesearch import Explored, space_meta
 from farm.stores.base import DecisionRecord
-from farm.strategies import make_strategy
+from farm.strategies import make_sampler
 
 HUB = Path(__file__).resolve().parent.parent / "recordings" / "benchmark_hub"
 DEVICE = farm.Timing.DEVICE
@@ -53,7 +53,7 @@ def test_a_reversed_source_is_muted_and_the_strategy_takes_over(tmp_path: Path) 
     truth = {n: float(i + 1) for i, n in enumerate(good)}  # this device: position order is best first
     reversed_source = Source("gpu-wrong", tuple((n, truth[n]) for n in reversed(good)))
     policy = farm.StackPolicy(strategy="exhaustive")
-    prior = PriorFirst(make_strategy(roster, policy), roster, [reversed_source], None, names[0])
+    prior = PriorFirst(make_sampler(roster, policy), roster, [reversed_source], None, names[0])
     asked = prior.ask(3)
     assert [names[p] for p in asked] == good[::-1][:3]  # the prior's best first
     prior.tell([(p, truth[names[p]]) for p in asked])

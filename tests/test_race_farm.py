@@ -21,7 +21,7 @@ from farm_coordinator.catalog import load_catalog
 from farm_coordinator.machine import ProblemState
 from farm_coordinator.plan import PlannedProblem, Target
 from farm_coordinator.racing import race_state, settled
-from farm_coordinator.spacesearch import RaceSearch, SpaceSearch, parse_group, strategy_for
+from farm_coordinator.spacestrategy import RaceSearch, SpaceSearch, parse_group, strategy_for
 from farm_coordinator.strategy import next_tasks
 from farm_fleet.protocol import GroupResult, GroupTask
 from farm_workers.racing import race_group
@@ -135,7 +135,7 @@ def test_a_race_the_reference_kept_ends_without_a_final_group() -> None:
 
 def test_the_final_group_is_sent_with_the_whole_budget_after_the_race_spent_it() -> None:
     s, plan = search(), plan_of(1)
-    state = ProblemState(round="r1")
+    state = ProblemState(run="r1")
     state.results["g0"] = dataclasses.replace(planned(), search_seconds=1.0)
     (task,), _ = next_tasks(plan, state, 10.0, s, 1)
     state.results[task.group] = dataclasses.replace(raced(task.group, task.candidates[0][0], REF, [(1.0, 0.5)],

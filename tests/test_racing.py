@@ -134,7 +134,7 @@ def test_a_config_as_fast_as_the_incumbent_is_rarely_dropped() -> None:
     assert dropped / 400 <= 2 * BETA
 
 
-def test_the_strategy_is_told_each_configs_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sampler_is_told_each_configs_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
     told: list[tuple[int, float | None]] = []
     ts = farm.TunableSet("racing_told", signature=farm.array_signature)
 
@@ -149,17 +149,17 @@ def test_the_strategy_is_told_each_configs_estimate(monkeypatch: pytest.MonkeyPa
     from farm import spacesearch, strategies
 
     def spy(*args: Any, **kw: Any) -> Any:
-        strategy = strategies.make_strategy(*args, **kw)
-        tell = strategy.tell
+        sampler = strategies.make_sampler(*args, **kw)
+        tell = sampler.tell
 
         def record(results: Any) -> None:
             told.extend(results)
             tell(results)
 
-        strategy.tell = record  # type: ignore[method-assign]
-        return strategy
+        sampler.tell = record  # type: ignore[method-assign]
+        return sampler
 
-    monkeypatch.setattr(spacesearch, "make_strategy", spy)
+    monkeypatch.setattr(spacesearch, "make_sampler", spy)
     tuned = farm.tune(ts, (np.ones(64),), policy=StackPolicy(samples=3, budget=5.0))
     assert sorted(p for p, _ in told) == [1, 2, 3] and all(e is None or e > 0 for _, e in told)
     assert tuned.report is not None and tuned.report.evaluated == 3

@@ -130,7 +130,7 @@ def test_a_recorded_problem_is_planned_only_on_its_recordings_fingerprint(record
     ('recording = "../outside.json"', "problems[0].recording", "lies outside"),
     ('recording = "recordings/missing.json"', "problems[0].recording", "cannot be read"),
     ('recording = "recordings/vector_add_A.json"\noperation = "matmul"', "problems[0].operation",
-     "a recorded problem has only ['recording']"),
+     "a recorded problem has only ['recording', 'weight']"),
 ])
 def test_a_catalog_refuses_a_recording_it_cannot_use_naming_the_field(recordings, tmp_path, problem, field, why):
     write_recording(tmp_path / "outside.json", "GPU C", (64, 4, 0), 3)

@@ -10,10 +10,11 @@ import sys
 from farm_helpers import write_catalog
 from servers import farm_env
 
-from farm.stores.archive import ArchiveEntry, write_archive
+from farm.stores.archive import ArchiveEntry
 from farm.stores.base import DecisionRecord
 from farm.stores.local import LocalStore
 from farm.stores.redis import field_for
+from farm_archives import write_archive
 
 CATALOG = """
 [[problems]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from archive_helpers import FP_A, key_for, make_record, make_trials
 from browser import screenshot
 
+import farm_archives
 from farm.keyroster import KeyRoster
 from farm.space import Space
 from farm.stores import archive as arc
@@ -65,7 +66,7 @@ def test_a_problem_without_spaces_has_no_map() -> None:
 def spaced_archive(parent) -> object:
     winner = ROSTER.index("tiled[block=64,unroll=1,layout=row]")
     record = make_record(key(), winner, names=tuple(ROSTER), candidates=explored())
-    return arc.write_archive(parent, FP_A, [arc.ArchiveEntry(record, "pid", tuple(make_trials(record)))]).path
+    return farm_archives.write_archive(parent, FP_A, [arc.ArchiveEntry(record, "pid", tuple(make_trials(record)))]).path
 
 
 def test_the_reports_data_carries_the_map_of_a_problem_tuned_over_a_space(tmp_path) -> None:
@@ -83,3 +84,44 @@ def test_the_page_draws_the_map_with_a_cell_per_value_pair_and_the_failures_cros
     crosses = chromium.execute_script("return document.querySelectorAll('tr.detail svg.heat text.failed').length")
     assert (cells, crosses) == (6, 1)
     screenshot(chromium, "report-space-heat-map")
+
+
+def cut_short() -> list[dict[str, object]]:
+    """:func:`explored` with two configs the budget never ran (verdict ``not tried``): planned, never timed."""
+    out = explored()
+    for rank in (5, 6):
+        name = SPACE.config_name(SPACE.config(rank))
+        out.append({"name": name, "ratio": None, "note": "not tried: budget of 10s exhausted"})
+    return out
+
+
+def test_configs_the_budget_never_ran_are_not_explored_nor_failed_but_counted_as_not_tried() -> None:
+    (h,) = heat_maps(key(), cut_short())
+    assert (h["explored"], h["not_tried"], h["size"]) == (10, 2, 12)
+    cells = [c for row in h["cells"] for c in row if c is not None]
+    assert sum(c["failed"] for c in cells) == 1  # the wrong output only
+    assert sum(c["not_tried"] for c in cells) == 2 and sum(c["explored"] for c in cells) == 10
+    (h_before,) = heat_maps(key(), explored())
+    assert h_before["not_tried"] == 0 and h_before["cells"] != h["cells"]
+
+
+def test_the_page_marks_not_tried_configs_apart_from_failures_and_says_the_decision_is_partial(tmp_path, chromium) -> None:
+    winner = ROSTER.index("tiled[block=64,unroll=1,layout=row]")
+    partial = {"not_tried": [SPACE.config_name(SPACE.config(rank)) for rank in (5, 6)],
+               "reason": "the budget of 10 s ran out", "fix": "raise budget in the catalog's [policy] table"}
+    record = make_record(key(), winner, names=tuple(ROSTER), candidates=cut_short(), partial=partial)
+    archive = farm_archives.write_archive(tmp_path / "a", FP_A, [arc.ArchiveEntry(record, "pid", tuple(make_trials(record)))])
+    out = tmp_path / "report.html"
+    out.write_text(render(load(archive.path), "spaces"))
+    chromium.get(out.as_uri() + "#expand")
+    crosses = chromium.execute_script("return document.querySelectorAll('tr.detail svg.heat text.failed').length")
+    title = chromium.execute_script("return document.querySelector('tr.detail svg.heat text.heat-title').textContent")
+    titles = chromium.execute_script(
+        "return [...document.querySelectorAll('tr.detail svg.heat rect.cell title')].map(t => t.textContent)")
+    assert crosses == 1, crosses  # not tried is no failure
+    assert "10 of 12 configs explored (2 not tried: the budget ran out)" in title, title
+    assert sum("not tried" in t for t in titles) >= 1, titles
+    said = chromium.execute_script("return document.querySelector('tr.detail p.partial').textContent")
+    assert said.startswith("PARTIAL: the budget of 10 s ran out with 2 candidates not tried (tiled[") and (
+        said.endswith("raise budget in the catalog's [policy] table")), said  # the decision is partial: it says so
+    screenshot(chromium, "report-space-heat-map-not-tried")

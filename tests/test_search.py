@@ -21,12 +21,13 @@ from farm.adapter import RuntimeTrials, prepare
 from farm.identity import Candidate
 from farm.policy import StackPolicy
 from farm.search import admit, search
+from farm.stores.local import FARM, LocalStore
 from farm.trials import TrialVerdict
 from farm_coordinator.catalog import load_catalog
 from farm_coordinator.dispatch import LocalDispatcher
 from farm_coordinator.fleet import LocalFleet
-from farm_coordinator.run import tune
-from farm_coordinator.sinks import DirectorySink
+from farm_coordinator.ports import Parts
+from farm_coordinator.run import RunOptions, tune
 from farm_fleet.protocol import STATUS_NOT_TRIED, GroupResult, GroupTask
 from farm_fleet.results import MemoryResults
 from farm_fleet.settings import Settings
@@ -160,7 +161,8 @@ def on_the_farm(op: Operation, tmp_path: Path) -> tuple[dict[str, tuple[int, str
         results.append(result)
         return result
 
-    summary = tune(catalog, fleet, LocalDispatcher(execute), DirectorySink(tmp_path / "cache"), settings, poll=0.0)
+    parts = Parts(fleet, LocalDispatcher(execute), LocalStore(tmp_path / "cache", owner=FARM))
+    summary = tune(catalog, parts, settings, RunOptions(poll=0.0))
     (agg,) = summary.aggregates
     assert agg.record is not None
     # Groups go one after the other: the first carries the whole budget, the next what the first left.

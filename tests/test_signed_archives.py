@@ -16,11 +16,12 @@ import pytest
 from servers import farm_env
 
 import farm
+import farm_archives
 from farm.environment import fingerprint_digest
 from farm.identity import Candidate, Problem, Scope, cache_key, fields, key_environment, split_fields
 from farm.stores import archive as arc
 from farm.stores.base import DecisionRecord
-from farm_coordinator import archive as ops
+from farm_archives import operations as ops
 
 FP = fields(["host-numpy", "cpu", "model A", "driver 1", "cpython", "build 1", "", "opts"])
 NAMES = ("ref", "fast", "other")
@@ -51,16 +52,16 @@ def no_trust_from_the_environment(monkeypatch):
 
 
 @pytest.fixture
-def key(tmp_path) -> arc.SigningKey:
-    private, _, _ = arc.generate_keys(tmp_path / "keys", "site-a")
-    return arc.load_signing_key(private)
+def key(tmp_path) -> farm_archives.SigningKey:
+    private, _, _ = farm_archives.generate_keys(tmp_path / "keys", "site-a")
+    return farm_archives.load_signing_key(private)
 
 
-def write(parent: Path, signer: arc.SigningKey | None, workloads: tuple[str, ...] = ("n=1", "n=2")) -> Path:
-    return arc.write_archive(parent, FP, [entry(w) for w in workloads], signer=signer).path
+def write(parent: Path, signer: farm_archives.SigningKey | None, workloads: tuple[str, ...] = ("n=1", "n=2")) -> Path:
+    return farm_archives.write_archive(parent, FP, [entry(w) for w in workloads], signer=signer).path
 
 
-def trust(*keys: arc.SigningKey, allow_unsigned: bool = False) -> arc.Trust:
+def trust(*keys: farm_archives.SigningKey, allow_unsigned: bool = False) -> arc.Trust:
     return arc.Trust(tuple(k.public for k in keys), allow_unsigned)
 
 
@@ -87,7 +88,7 @@ def test_keys_init_writes_an_owner_only_private_key_and_never_overwrites_one(tmp
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
     (line,) = arc.read_trusted_keys(public)
-    assert line.key_id == arc.load_signing_key(private).key_id and line.key_id in done.stdout
+    assert line.key_id == farm_archives.load_signing_key(private).key_id and line.key_id in done.stdout
     before = private.read_bytes()
     again = farm_cli("keys", "init", "--dir", "keys", "--name", "site-a", cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "never overwritten" in again.stderr
@@ -122,7 +123,7 @@ def test_a_signing_key_readable_by_others_is_refused(key, tmp_path):
     assert key.path is not None
     os.chmod(key.path, 0o644)
     with pytest.raises(farm.FarmError, match="mode 0644: a signing key must be readable by its owner only"):
-        arc.load_signing_key(key.path)
+        farm_archives.load_signing_key(key.path)
 
 
 # -- verification -------------------------------------------------------------------------------------------------
@@ -178,8 +179,8 @@ def test_a_resealed_manifest_or_a_signature_moved_to_another_archive_is_refused(
 
 
 def test_key_rotation_accepts_every_trusted_key_and_revocation_stops_a_removed_keys_archives(tmp_path):
-    old = arc.load_signing_key(arc.generate_keys(tmp_path / "keys", "old")[0])
-    new = arc.load_signing_key(arc.generate_keys(tmp_path / "keys", "new")[0])
+    old = farm_archives.load_signing_key(farm_archives.generate_keys(tmp_path / "keys", "old")[0])
+    new = farm_archives.load_signing_key(farm_archives.generate_keys(tmp_path / "keys", "new")[0])
     by_old, by_new = write(tmp_path / "old", old), write(tmp_path / "new", new, ("n=3",))
     trusted = tmp_path / "trusted.pub"
     trusted.write_text(f"# the fleet's signers\n{old.public.line()}\n\n{new.public.line()}\n")
@@ -208,7 +209,7 @@ def test_a_bad_trusted_keys_entry_names_the_file_and_line(tmp_path):
 def test_the_runtime_serves_trusted_archives_and_misses_with_a_warning_on_untrusted_ones(key, tmp_path, caplog):
     write(tmp_path / "good", key)
     assert runtime_source(arc.ArchiveStore(tmp_path / "good", trust=trust(key))) is farm.DecisionSource.FLEET_CACHE
-    other = arc.load_signing_key(arc.generate_keys(tmp_path / "keys", "other")[0])
+    other = farm_archives.load_signing_key(farm_archives.generate_keys(tmp_path / "keys", "other")[0])
     for name, signer in (("unsigned", None), ("untrusted", other)):
         write(tmp_path / name, signer)
         with caplog.at_level(logging.WARNING):
@@ -252,7 +253,7 @@ def test_the_runtime_takes_its_trusted_keys_from_the_environment_or_the_policy(k
 def test_the_cli_signs_exports_and_merges_and_imports_only_trusted_archives(tmp_path):
     from farm.stores.local import FARM, LocalStore
 
-    private, public, key = arc.generate_keys(tmp_path / "keys", "site-a")
+    private, public, key = farm_archives.generate_keys(tmp_path / "keys", "site-a")
     cache = tmp_path / "cache"
     local = LocalStore(cache, owner=FARM)
     for w in ("n=1", "n=2"):
@@ -297,7 +298,7 @@ def test_decisions_imported_into_redis_keep_their_signer_through_an_export(key, 
     folder = write(tmp_path / "site-a", key, ("n=1", "n=2", "n=3"))
     (result,) = ops.import_redis(ops.load_archives(folder, trust(key)), store)
     assert result.new == 3
-    hub = arc.load_signing_key(arc.generate_keys(tmp_path / "keys", "hub")[0])
+    hub = farm_archives.load_signing_key(farm_archives.generate_keys(tmp_path / "keys", "hub")[0])
     (exported,) = ops.export_redis(store, tmp_path / "out", signer=hub)
     manifest = json.loads((exported.written.path / arc.MANIFEST_FILE).read_text())
     assert manifest["provenance"] == {"signers": {key.key_id: 3}} and exported.provenance == {key.key_id: 3}

@@ -219,7 +219,7 @@ def test_a_space_declared_with_the_decorator_form_grows_incrementally_in_process
     # The decorator's value lists are not the code: the family and the set's checksum stay.
     assert small.spaces[0].family() == grown.spaces[0].family()
     assert small.checksum() == grown.checksum()
-    assert "@blocked.space" not in farm.tunable.code_text(grown.spaces[0].fn)
+    assert "@blocked.space" not in farm.codetext.code_text(grown.spaces[0].fn)
     tuner = farm.enable_stack_autotune(farm.StackPolicy(warmups=1, samples=3, max_relative_mad=1.0),
                                        cache_directory=tmp_path / "cache")
     try:
@@ -234,3 +234,34 @@ def test_a_space_declared_with_the_decorator_form_grows_incrementally_in_process
         assert again.covered == {"tiled": {"block": [16, 32, 64, 128, 256], "unroll": [1, 2, 4, 8]}}
     finally:
         adapter._uninstall_for_tests()
+
+
+NO_SOURCE = '''
+import hashlib
+import numpy as np
+from farm.codetext import code_text
+
+def scaled(x, *, block):
+    return np.sum([v for v in x[:block] if v in {"p", "q", "r", "s"}])
+
+def meaned(x, *, block):
+    return np.mean([v for v in x[:block] if v in {"p", "q", "r", "s"}])
+
+print(hashlib.sha256(code_text(scaled).encode()).hexdigest(), code_text(scaled) == code_text(meaned))
+'''
+
+
+def test_a_function_without_source_has_one_identity_in_every_process_and_its_names_count() -> None:
+    """Defined with ``python -c`` (no source file): its bytecode, names and constants, a comprehension's code by
+    its text and a set in sorted order, so two processes with different hash seeds agree; ``np.sum`` and
+    ``np.mean`` (the same bytecode) differ."""
+    import subprocess
+    import sys
+
+    from servers import farm_env
+
+    said = [subprocess.run([sys.executable, "-c", NO_SOURCE], capture_output=True, text=True, timeout=120,
+                           env=farm_env({"PYTHONHASHSEED": seed})) for seed in ("1", "2")]
+    assert all(s.returncode == 0 for s in said), [s.stderr for s in said]
+    (one,) = {s.stdout for s in said}
+    assert one.split()[1] == "False", one

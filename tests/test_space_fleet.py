@@ -26,7 +26,7 @@ def test_a_worker_process_judges_every_feasible_config_of_a_space_by_its_canonic
         worker = start_worker("cpu:0", f.broker, f.results_url, f.directory, f.env, kernels=("farm_spaceops",))
         f.workers.append(worker)
         wait_worker_ready(worker, f.client(), f.settings.prefix)
-        summary = tune(load_catalog(catalog, ("farm_spaceops",)), settings=f.settings, **f.coordinator())
+        summary = tune(load_catalog(catalog, ("farm_spaceops",)), f.coordinator(), f.settings)
     assert summary.published == 1
     record = summary.aggregates[0].record
     assert record is not None

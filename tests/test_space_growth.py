@@ -24,7 +24,7 @@ from farm.stores.local import LocalStore
 from farm.stores.redis import RedisDecisions
 from farm_coordinator.catalog import load_catalog
 from farm_coordinator.plan import PlannedProblem, Planner, SpaceFamily, Target, plan_groups
-from farm_coordinator.spacesearch import SpaceSearch
+from farm_coordinator.spacestrategy import SpaceSearch
 from farm_fleet.protocol import GroupTask
 from farm_kernels import registry
 
@@ -241,3 +241,55 @@ def test_a_worker_left_on_the_old_space_refuses_the_task_and_the_run_says_so(red
     assert ("space 'chunked' values chunked[chunk=7|256|1024|4096,twice=False|True] here, "
             "chunked[chunk=7|256|512|1024|4096,twice=False|True] on the coordinator" in said), said
     assert decisions == []  # nothing published under either set
+
+
+DECORATED = '''
+from farm import TunableSet, array_signature
+from farm_kernels.operation import Operation, dim
+from farm_spaceops import make, slow_reference
+
+tunable = TunableSet("farmtest_space", signature=array_signature)
+tunable.add(slow_reference, name="slow_reference", reference=True)
+
+
+@tunable.space(group=0, chunk=CHUNKS, twice=[False, True],
+               restrict="chunk >= 256 or not twice")
+def chunked(x, *, chunk, twice):
+    from farm_spaceops import chunked as body
+    return body(x, chunk=chunk, twice=twice)
+
+
+OPERATIONS = (Operation(name="farmtest_space", host=tunable, cuda=None, fields=(dim("n"),),
+                        dtypes={"cpu": ("float64",)}, make=make),)
+'''
+
+
+def decorated_module(directory: Path, name: str, chunks: tuple[int, ...]) -> dict[str, str]:
+    """A kernels module ``name`` as docs/spaces.md declares a space: the decorator above the function, its value
+    lists written out (``chunk=[7, 256, 1024, 4096]``); the environment that finds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.py").write_text(DECORATED.replace("CHUNKS", repr(list(chunks))))
+    return farm_env({"PYTHONPATH": f"{directory}:{farm_env()['PYTHONPATH']}"})
+
+
+def test_a_space_declared_with_the_documented_decorator_grows_incrementally_on_the_farm(tmp_path) -> None:
+    catalog = write_catalog(tmp_path / "c.toml", SPACE, POLICY)
+    cache = tmp_path / "cache"
+    embedded_tune(catalog, cache, "decorated1", decorated_module(tmp_path / "mods", "decorated1", CHUNKS))
+    (first,) = records(cache)
+    assert first.meta["covered"] == covered() and not first.meta["incremental"]
+
+    # The same module with one value added to the decorator's list: the same operation, only the new configs run.
+    out = embedded_tune(catalog, cache, "decorated2", decorated_module(tmp_path / "mods", "decorated2", GROWN))
+    assert "evaluated 2 of 10 configs (exhaustive, incremental)" in out, out
+    (grown,) = [r for r in records(cache) if r.cache_key != first.cache_key]
+    assert judged(grown) == {first.name, *NEW} - {"slow_reference"}
+    assert (grown.meta["incremental"], grown.meta["evaluated"], grown.meta["covered"]) == (True, 2, covered(GROWN))
+
+    # A change to the function's body is a new family: a full search.
+    body = tmp_path / "mods" / "decorated3.py"
+    decorated_module(tmp_path / "mods", "decorated3", GROWN)
+    body.write_text(body.read_text().replace("return body(x,", "return 1 * body(x,"))
+    out = embedded_tune(catalog, cache, "decorated3", farm_env({"PYTHONPATH": f"{tmp_path / 'mods'}:"
+                                                                              f"{farm_env()['PYTHONPATH']}"}))
+    assert "incremental" not in out, out

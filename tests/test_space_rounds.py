@@ -1,8 +1,10 @@
-"""The farm searches a space in rounds through the coordinator's strategy seam (farm_coordinator.spacesearch):
+"""The farm searches a space in rounds through the coordinator's strategy seam (farm_coordinator.spacestrategy):
 table tests of the adapter (pure), and real Redis + real `farm worker` processes for random and bayes searches and
 a coordinator interrupted mid-search."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from farm_helpers import fleet, write_catalog
@@ -14,7 +16,8 @@ from farm.trials import Outcome, TrialVerdict
 from farm_coordinator.catalog import load_catalog
 from farm_coordinator.plan import PlannedProblem, Target
 from farm_coordinator.run import tune
-from farm_coordinator.spacesearch import SpaceSearch, group_name, parse_group, strategy_for
+from farm_coordinator.runview import ConsoleObserver
+from farm_coordinator.spacestrategy import SpaceSearch, group_name, parse_group, strategy_for
 from farm_coordinator.strategy import PRIORITY_GROUPS
 from farm_fleet.errors import RunInterrupted
 from farm_fleet.protocol import GroupResult, GroupTask
@@ -165,7 +168,7 @@ def test_two_workers_search_a_space_in_rounds_within_max_configs_every_config_va
                             "seed = 1\n")
     ctx, f = space_fleet(redis_srv, tmp_path / "fleet", ("cpu:0", "cpu:1"))
     try:
-        summary = tune(load_catalog(catalog, ("farm_spaceops",)), settings=f.settings, **f.coordinator())
+        summary = tune(load_catalog(catalog, ("farm_spaceops",)), f.coordinator(), f.settings)
     finally:
         ctx.__exit__(None, None, None)
     assert summary.published == 1
@@ -198,8 +201,8 @@ def interrupted_then_resumed(catalog, redis_srv, path, devices):
                     raise KeyboardInterrupt
 
         with pytest.raises(RunInterrupted):
-            tune(catalog, settings=f.settings, on_event=stop_after_two, **f.coordinator())
-        again = tune(catalog, settings=f.settings, **f.coordinator())
+            tune(catalog, replace(f.coordinator(), observer=ConsoleObserver(on_event=stop_after_two)), f.settings)
+        again = tune(catalog, f.coordinator(), f.settings)
         client = f.client()
         attempts = {k: int(client.get(k)) for k in client.scan_iter(f"{f.settings.prefix}:attempts:*")
                     if not k.endswith(":confirm")}

@@ -11,6 +11,7 @@ from fakes import FAST, FakeRunner, candidates, problem
 
 import farm.stores.archive.store as archive_module
 import farm.stores.redis as redis_module
+import farm_archives
 from farm.engine import DecisionSource, StackTuner
 from farm.identity import CacheKey, Candidate
 from farm.policy import AccuracyKey, StackPolicy
@@ -54,7 +55,7 @@ def test_the_archive_store_told_the_environment_never_decodes_the_key(tmp_path: 
     from farm.stores import archive as arc
 
     r = DecisionRecord(a_key(), 1, 0, "a", True, 0.5, time.time(), {"run": "r1"})
-    arc.write_archive(tmp_path, FINGERPRINT, [arc.ArchiveEntry(r, "p1")])
+    farm_archives.write_archive(tmp_path, FINGERPRINT, [arc.ArchiveEntry(r, "p1")])
     store = ArchiveStore(tmp_path)
     assert isinstance(store, FiledByEnvironment) and store.get(r.cache_key) == r
     monkeypatch.setattr(archive_module, "key_environment", never_decoded)

@@ -18,20 +18,13 @@ from typing import Any
 import pytest
 from fakes import FAST, FakeRunner, candidates, problem
 
+from farm.decisions import SCHEMA_VERSION, DecisionRecord, _checksum, key_hash
 from farm.engine import DecisionSource, StackTuner, Validation
 from farm.environment import fingerprint_digest
-from farm.errors import FailureKind, TuneFailure
+from farm.errors import CorruptRecord, FailureKind, TuneFailure
 from farm.policy import MemoryEviction, Mode
 from farm.stores import local as local_module
-from farm.stores.base import (
-    SCHEMA_VERSION,
-    CorruptRecord,
-    DecisionRecord,
-    Publication,
-    _checksum,
-    key_hash,
-    key_sha256,
-)
+from farm.stores.base import Publication
 from farm.stores.local import APP, FARM, STORE_FILE, LocalStore
 from farm.stores.memory import MemoryStore
 
@@ -49,43 +42,7 @@ def record(key: str = "k", **changes: Any) -> DecisionRecord:
     return DecisionRecord(**fields)
 
 
-# -- the store contract, for every implementation ---------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "local"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "memory":
-        return MemoryStore(16)
-    return LocalStore(tmp_path / "cache", 16)
-
-
-def test_a_store_returns_none_for_an_unknown_key(store: Any) -> None:
-    assert store.get("missing") is None
-
-
-def test_a_store_returns_what_was_put(store: Any) -> None:
-    r = record("k1")
-    store.put(r)
-    assert store.get("k1") == r
-
-
-def test_a_store_replaces_a_record_with_the_same_key(store: Any) -> None:
-    store.put(record("k1", name="a"))
-    store.put(record("k1", name="b", index=2))
-    assert store.get("k1").name == "b"
-
-
-def test_a_store_forgets_a_deleted_record_and_deleting_twice_is_harmless(store: Any) -> None:
-    store.put(record("k1"))
-    store.delete("k1")
-    store.delete("k1")
-    assert store.get("k1") is None
-
-
-def test_keys_that_differ_only_slightly_never_collide(store: Any) -> None:
-    store.put(record("ab", name="first"))
-    store.put(record("a", name="second"))
-    assert (store.get("ab").name, store.get("a").name) == ("first", "second")
+# -- the memory tier (the contract every store holds: tests/test_store_contract.py) ---------------------------------
 
 
 @pytest.mark.parametrize(("eviction", "kept"), [(MemoryEviction.FIFO, ["b", "c"]), (MemoryEviction.LRU, ["a", "c"])])
@@ -326,33 +283,6 @@ def test_the_local_store_follows_the_umask(tmp_path: Path) -> None:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a" / "cache").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "a" / "cache" / STORE_FILE).stat().st_mode) == 0o644
-
-
-def legacy_directory(directory: Path, now: float) -> tuple[list[str], list[str]]:
-    """A cache directory of the previous format: 3 farm records (index, trials) and 2 of an application."""
-    (directory / "trials").mkdir(parents=True)
-    farm_keys, app_keys = [f"farm-{n}" for n in range(3)], [f"app-{n}" for n in range(2)]
-    index: dict[str, Any] = {"schema": 1, "fingerprints": {"d1": "fp"}, "problems": {"d1": {}}}
-    for n, key in enumerate(farm_keys + app_keys):
-        sha = key_sha256(key)
-        (directory / f"{sha}.json").write_text(record(key, created=now).to_json())
-        if key in farm_keys:
-            index["problems"]["d1"][f"pid-{n}"] = sha
-            (directory / "trials" / f"{sha}.json").write_text(json.dumps([{"pair": n}]))
-    (directory / "farm-index.json").write_text(json.dumps(index))
-    return farm_keys, app_keys
-
-
-def test_a_cache_directory_of_the_previous_format_is_migrated_once(tmp_path: Path) -> None:
-    farm_keys, app_keys = legacy_directory(tmp_path, time.time())
-    app = LocalStore(tmp_path, 1)
-    assert all(app.get(k) is not None for k in farm_keys + app_keys)
-    assert (app.count(FARM), app.count(APP)) == (3, 2)
-    assert app.trials("farm-1") == [{"pair": 1}]
-    assert app.decided("d1", ["pid-0", "pid-4"]) == {"pid-0"}
-    assert {p.name for p in tmp_path.iterdir()} <= {STORE_FILE, f"{STORE_FILE}-wal", f"{STORE_FILE}-shm"}
-    app.put(record("app-new"))
-    assert app.count(FARM) == 3 and [app.get(k) is not None for k in app_keys] == [False, False]
 
 
 def test_a_reader_that_may_not_write_the_cache_reads_a_view_that_follows_the_writers(

@@ -14,7 +14,7 @@ from farm.engine import StackTuner, Validation
 from farm.errors import TuneFailure
 from farm.policy import StackPolicy, Tolerance
 from farm.roster import Roster
-from farm.strategies import effort, make_strategy, replay
+from farm.strategies import effort, make_sampler, replay
 
 FAST = StackPolicy(warmups=1, samples=3, min_speedup=1.0)
 
@@ -100,38 +100,38 @@ def test_the_same_seed_and_told_results_give_the_same_next_asks(strategy: str) -
         assert config is not None
         return cost(**config)  # type: ignore[arg-type]
 
-    first = make_strategy(roster, policy)
+    first = make_sampler(roster, policy)
     rounds = []
     for _ in range(3):
         asked = first.ask(4)
         rounds.append([(p, ratio(p)) for p in asked])
         first.tell(rounds[-1])
-    resumed = replay(make_strategy(roster, policy), rounds)
+    resumed = replay(make_sampler(roster, policy), rounds)
     assert resumed.ask(4) == first.ask(4)
-    other = make_strategy(roster, policy.replace(seed=12))
+    other = make_sampler(roster, policy.replace(seed=12))
     assert [other.ask(4) for _ in range(3)] != [[p for p, _ in r] for r in rounds]
 
 
 def test_replaying_rounds_from_another_seed_is_refused() -> None:
     roster = space_set().roster()
     policy = FAST.replace(strategy="random", seed=1)
-    asked = make_strategy(roster, policy).ask(3)
-    with pytest.raises(ValueError, match="differs from the strategy's asks"):
-        replay(make_strategy(roster, policy.replace(seed=2)), [[(p, 1.0) for p in asked]])
+    asked = make_sampler(roster, policy).ask(3)
+    with pytest.raises(ValueError, match="differs from the sampler's asks"):
+        replay(make_sampler(roster, policy.replace(seed=2)), [[(p, 1.0) for p in asked]])
 
 
 def test_a_random_draw_from_a_mostly_infeasible_space_still_ends_with_every_feasible_config() -> None:
     roster = space_set(restrict="block == 128 and unroll == 8 and vector == 'wide'").roster()
-    strategy = make_strategy(roster, FAST.replace(strategy="random", seed=3))
-    asked = strategy.ask(5)
+    sampler = make_sampler(roster, FAST.replace(strategy="random", seed=3))
+    asked = sampler.ask(5)
     assert [roster[p].name for p in asked] == ["known[block=128,unroll=8,vector=wide]"]
-    assert strategy.ask(5) == []
+    assert sampler.ask(5) == []
 
 
 def test_bayes_without_optuna_is_invalid_input_saying_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "optuna", None)
     with pytest.raises(TuneFailure, match=r"pip install 'tuning-farm\[bayes\]'"):
-        make_strategy(space_set().roster(), FAST.replace(strategy="bayes"))
+        make_sampler(space_set().roster(), FAST.replace(strategy="bayes"))
     ts = space_set()
     runner = CostRunner(ts.roster())
     with pytest.raises(TuneFailure, match=r"tuning-farm\[bayes\]"):

@@ -32,8 +32,8 @@ def ok(group: str, seconds: float) -> GroupResult:
     return GroupResult("round", "p", group, STATUS_OK, search_seconds=seconds)
 
 
-def state(results: Mapping[str, float] = (), in_flight: Collection[str] = (), round_id: str | None = "round") -> ProblemState:
-    return ProblemState(State.RUNNING, round=round_id, results={g: ok(g, s) for g, s in dict(results).items()},
+def state(results: Mapping[str, float] = (), in_flight: Collection[str] = (), run_id: str | None = "round") -> ProblemState:
+    return ProblemState(State.RUNNING, run=run_id, results={g: ok(g, s) for g, s in dict(results).items()},
                         in_flight=set(in_flight))
 
 
@@ -64,8 +64,8 @@ def test_planning_changes_nothing_it_is_given():
 
 
 def test_tasks_planned_before_a_claim_carry_the_plans_run_and_after_it_the_claims_round():
-    (unclaimed,), _ = next_tasks(plan(), state(round_id=None), BUDGET)
-    (claimed,), _ = next_tasks(plan(), state(round_id="r7"), BUDGET)
+    (unclaimed,), _ = next_tasks(plan(), state(run_id=None), BUDGET)
+    (claimed,), _ = next_tasks(plan(), state(run_id="r7"), BUDGET)
     assert (unclaimed.run, claimed.run) == ("run", "r7")
 
 

@@ -70,4 +70,5 @@ def test_the_bar_advances_on_a_terminal_and_ctrl_c_exits_130_saying_how_to_resum
     text = shown(seen)
     assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
     assert "farm: interrupted" in text and "rerun `farm tune" in text and "--run" in text
+    assert text.count("run the same command again to resume") == 1, text[-2000:]  # the advice once
     assert "Traceback" not in text

@@ -1,22 +1,13 @@
-"""What a run says about what it did not do: trials short of the plan, groups not tried, the one spelling of
-the `not tried` verdict, unconfirmed wins with their reason, CUDA workloads a CPU-only fleet cannot tune."""
+"""What a run says about what it did not do: trials short of the plan, groups not tried, unconfirmed wins with
+their reason, CUDA workloads a CPU-only fleet cannot tune."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from farm.trials import TrialVerdict, canonical_verdict
 from farm_cli.progress import Counts
 from farm_cli.summary import LEGEND, confirmation_text, not_tuned
-from farm_coordinator.status import groups_done
-
-
-def test_a_trial_rows_verdict_has_one_spelling_and_old_group_statuses_are_read_as_it():
-    cases = [("not_tried", "not tried"), ("not tried", "not tried"), ("failed", "group failed"),
-             ("validation_unavailable", "group failed"), ("passed", "passed"), ("reference", "reference")]
-    for text, want in cases:
-        assert canonical_verdict(text) == want
-    assert canonical_verdict("not_tried") == TrialVerdict.NOT_TRIED.value
+from farm_coordinator.status import groups_done, published
 
 
 def test_a_finished_run_with_fewer_trials_than_planned_says_the_budget_ran_out():
@@ -40,6 +31,13 @@ def test_a_finished_run_with_fewer_trials_than_planned_says_the_budget_ran_out()
              ({"state": "finished", "done": "3", "groups": "3"}, "3/3")]
     for run, want in cases:
         assert groups_done(run) == want
+    cases = [({"published": "3"}, "3"), ({"published": "3", "partial": "0"}, "3"),
+             ({"published": "3", "partial": "1"}, "3 (1 partial: the budget stopped its search; raise budget in "
+                                                  "[policy], the next farm tune continues it)"),
+             ({"published": "3", "partial": "2"}, "3 (2 partial: the budget stopped their search; raise budget in "
+                                                  "[policy], the next farm tune continues them)")]
+    for run, want in cases:
+        assert published(run) == want  # farm status's runs table
 
 
 def test_the_tune_table_shows_why_a_win_is_unconfirmed_and_the_legend_does_not_guess():
@@ -82,3 +80,37 @@ def test_a_real_run_whose_budget_ran_out_says_why_its_trials_fall_short(tmp_path
     # Four groups of slow candidates, a budget that covers about one: the rest are recorded not tried.
     assert "1/1 problems" in last and "planned trials not run: the budget ran out before" in last, last
     assert "(verdict: not tried)" in last
+
+
+def test_ctrl_c_ends_the_progress_lines_stopped_not_finished_and_says_how_to_resume_once(tmp_path):
+    """Issue 34, item 11: the last progress line of an interrupted run does not say ``(finished)``, and the resume
+    advice is printed once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from farm_helpers import write_catalog
+    from servers import farm_env
+
+    slow = "\n".join(f'[[problems]]\noperation = "uxtest_slow"\nworkloads = [{{ n = {n}, dtype = "float64" }}]\n'
+                     for n in range(16, 56, 4))
+    catalog = write_catalog(tmp_path / "c.toml", slow)
+    process = subprocess.Popen([sys.executable, "-m", "farm_cli", "tune", str(catalog), "--kernels", "farm_uxops",
+                                "--cache-dir", str(tmp_path / "cache")], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, env=farm_env(), cwd=tmp_path, start_new_session=True)
+    with process:
+        assert process.stderr is not None
+        lines: list[str] = []
+        for line in process.stderr:  # the first progress line: the run is under way
+            lines.append(line)
+            if "0/10 problems" in line:
+                break
+        os.killpg(process.pid, signal.SIGINT)
+        err = "".join(lines) + process.stderr.read()  # to the end: the process closes it on exit
+        process.wait(timeout=120)
+    assert process.returncode == 130, err
+    progress = [line for line in err.splitlines() if "farm.coordinator" in line and "problems" in line]
+    assert progress and "(finished" not in progress[-1] and "(stopped)" in progress[-1], err
+    assert err.count("run the same command again to resume") == 1, err
+    assert "rerun `farm tune" in err and "--run" in err and "Traceback" not in err

@@ -208,8 +208,9 @@ def lock() -> int:
 
 
 # The folders and the import names they install as (pyproject.toml [tool.setuptools.package-dir]).
-PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "workers": "farm_workers",
-            "coordinator": "farm_coordinator", "cli": "farm_cli", "triton_adapter": "farm_triton"}
+PACKAGES = {"farm": "farm", "kernels": "farm_kernels", "fleet": "farm_fleet", "archive_tools": "farm_archives",
+            "workers": "farm_workers", "coordinator": "farm_coordinator", "cli": "farm_cli",
+            "triton_adapter": "farm_triton"}
 
 
 def typecheck() -> None:

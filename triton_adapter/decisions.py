@@ -12,17 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from farm.adapter import stack_autotuner, stored_tiers
+from farm.decisions import DecisionRecord, refusal
+from farm.engine import StackTuner
 from farm.environment import RuntimeEnvironment, runtime_environment
 from farm.feedback import FleetReporter
-from farm.identity import OperationKey, Problem, Scope, cache_key
+from farm.identity import Candidate, OperationKey, Problem, Scope, cache_key
 from farm.policy import Mode, StackPolicy
 from farm.runtimes import ComputeClient, client_for
 from farm.stores import DecisionStore, LocalStore, open_fleet_source
+from farm.stores.base import read_record
 from farm_triton import identity
 from farm_triton.deps import import_torch, interpreted
 from farm_triton.operation import spec_from, spec_from_key
@@ -66,7 +69,7 @@ class Decisions:
         self._checksums: dict[tuple[str, int, int], tuple[str, Any, Any]] = {}
         self._lock = threading.Lock()
         self.counts = {"hits": 0, "misses": 0}
-        self.tuner: object = None  # the controller these decisions were derived from (current())
+        self.tuner: StackTuner | None = None  # the controller these decisions were derived from (current())
 
     # -- identity ---------------------------------------------------------------------------------------------
 
@@ -118,26 +121,33 @@ class Decisions:
         cands = identity.candidates(kernel.configs, kernel.reference)
         key = self.key_of(problem, kernel)
         if self.policy.mode is not Mode.DISABLED and problem.persistent:
-            for store in self.stores:
-                try:
-                    record = store.get(key)
-                except Exception as e:
-                    log.warning("farm_triton: decision tier %s failed: %s: %s", type(store).__name__, type(e).__name__, e)
-                    continue
-                if record is None:
-                    continue
-                usable = (
-                    record.is_fresh(time.time(), self.policy.ttl)
-                    and record.reference_index == 0
-                    and record.index < len(cands)
-                    and cands[record.index].name == record.name
-                    and (record.verified or not self.policy.require_validation)
-                )
-                if usable:
-                    self._count("hits")
-                    return Found(record.index, key, problem, type(store).__name__)
+            found = self.stored(problem, key, cands)
+            if found is not None:
+                self._count("hits")
+                return Found(found[0].index, key, problem, type(found[1]).__name__)
         self._count("misses")
         return Found(None, key, problem, "miss")
+
+    def stored(self, problem: Problem, key: str, cands: Sequence[Candidate]) -> tuple[DecisionRecord, DecisionStore] | None:
+        """The first tier's record for ``key`` that may be served (``farm.decisions.refusal``: fresh, reference 0 as
+        in every Triton key, its winner the candidate of that index and name, verified, not banned by the
+        process's controller, eligible) with its store, else None. A tier that fails is a logged miss."""
+        banned = self.banned()
+        for store in self.stores:
+            try:
+                record = read_record(store, problem.environment, key)
+            except Exception as e:
+                log.warning("farm_triton: decision tier %s failed: %s: %s", type(store).__name__, type(e).__name__, e)
+                continue
+            if record is not None and refusal(record, key, cands, 0, self.policy, banned, time.time()) is None:
+                return record, store
+        return None
+
+    def banned(self) -> Container[tuple[str, str]]:
+        """The (key, candidate name) bans of the controller these decisions follow (:attr:`tuner`, else the
+        process's ``farm.enable_stack_autotune`` one): a winner it banned is not served to Triton either."""
+        tuner = self.tuner if self.tuner is not None else stack_autotuner()
+        return tuner.banned() if tuner is not None else ()
 
     def _count(self, name: str) -> None:
         with self._lock:

@@ -1,127 +1,25 @@
-"""The record every decision store keeps, and the port each store implements."""
+"""The port each decision store implements, what the farm publishes through it, and the replacement rule.
+
+The record itself (:class:`~farm.decisions.DecisionRecord`), ``canonical_json`` and ``key_hash`` are defined in
+``farm.decisions`` and re-exported here."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from farm.errors import CorruptRecord
-
-SCHEMA_VERSION = 1
+from farm.decisions import SCHEMA_VERSION as SCHEMA_VERSION
+from farm.decisions import DecisionRecord as DecisionRecord
+from farm.decisions import canonical_json as canonical_json
+from farm.decisions import key_hash as key_hash
+from farm.decisions import key_sha256 as key_sha256
+from farm.errors import CorruptRecord as CorruptRecord
 
 # One trial row of a decision (a timing pair or a verdict, with its provenance): a flat JSON object, its fields
 # listed by farm.stores.archive.schema.TRIAL_TYPES.
 TrialRow = dict[str, str | int | float | bool | None]
-
-
-@dataclass(frozen=True)
-class DecisionRecord:
-    """A stored decision: which candidate won for one exact cache key, and how sure we are.
-
-    ``created`` is seconds since the epoch; records older than the policy's ttl, or dated in the future, are stale.
-    ``meta`` carries what the farm knows beyond the decision (run, provenance, operation, workload spec); the
-    controller ignores it, but it is covered by the checksum like every other field.
-    """
-
-    cache_key: str
-    index: int
-    reference_index: int
-    name: str
-    verified: bool
-    ratio: float
-    created: float
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def _body(self) -> dict[str, Any]:
-        # The fields as they are, ``meta`` as a plain dict: a shallow copy (``asdict`` deep-copied ``meta`` and its
-        # candidates on every publication only to replace it).
-        body: dict[str, Any] = {"schema": SCHEMA_VERSION}
-        for name in _RECORD_FIELDS:
-            body[name] = getattr(self, name)
-        body["meta"] = dict(self.meta)
-        return body
-
-    def to_dict(self) -> dict[str, Any]:
-        body = self._body()
-        body["checksum"] = _checksum(body)
-        return body
-
-    def to_json(self) -> str:
-        """Canonical JSON with the checksum as the LAST member, so :meth:`from_json` verifies the text itself
-        (one sha256, no re-serialization) on the fleet's read path."""
-        text = _canonical(self._body())
-        return f'{text[:-1]},"checksum":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
-
-    @classmethod
-    def from_json(cls, text: str | bytes, expected_key: str | None = None) -> DecisionRecord:
-        """Parse and verify text written by :meth:`to_json` (or any JSON object form: then :meth:`from_dict`)."""
-        if isinstance(text, bytes):
-            try:
-                text = text.decode()
-            except UnicodeDecodeError as e:
-                raise CorruptRecord(f"record is not UTF-8: {e}") from e
-        at = text.rfind(_CHECKSUM_MARK)
-        if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66:
-            body = text[:at] + "}"
-            if hashlib.sha256(body.encode()).hexdigest() != text[at + len(_CHECKSUM_MARK) : -2]:
-                raise CorruptRecord("checksum mismatch")
-            try:
-                data = json.loads(body)
-            except (json.JSONDecodeError, RecursionError) as e:
-                raise CorruptRecord(f"record is not JSON: {e}") from e
-            return cls._build(data, expected_key)
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise CorruptRecord(f"record is not JSON: {e}") from e
-        return cls.from_dict(data, expected_key)
-
-    @classmethod
-    def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
-        """Parse and verify a stored record; CorruptRecord says what is wrong with it."""
-        if not isinstance(data, dict):
-            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
-        body = {k: v for k, v in data.items() if k != "checksum"}
-        if data.get("checksum") != _checksum(body):
-            raise CorruptRecord("checksum mismatch" if data.get("schema") == SCHEMA_VERSION
-                                else f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
-        return cls._build(data, expected_key)
-
-    @classmethod
-    def _build(cls, data: Any, expected_key: str | None) -> DecisionRecord:
-        if not isinstance(data, dict):
-            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
-        if data.get("schema") != SCHEMA_VERSION:
-            raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
-        try:
-            record = cls(
-                cache_key=_typed(data, "cache_key", str),
-                index=_typed(data, "index", int),
-                reference_index=_typed(data, "reference_index", int),
-                name=_typed(data, "name", str),
-                verified=_typed(data, "verified", bool),
-                ratio=float(_typed(data, "ratio", (int, float))),
-                created=float(_typed(data, "created", (int, float))),
-                meta=_typed(data, "meta", dict) if "meta" in data else {},
-            )
-        except (KeyError, TypeError, OverflowError) as e:
-            raise CorruptRecord(str(e)) from e
-        if record.index < 0 or record.reference_index < 0 or not math.isfinite(record.ratio) or record.ratio <= 0:
-            raise CorruptRecord(f"out-of-range values in record for {record.name!r}")
-        if expected_key is not None and record.cache_key != expected_key:
-            raise CorruptRecord("stored cache key differs from the requested one")
-        return record
-
-    def is_fresh(self, now: float, ttl: float) -> bool:
-        """Within ttl and not dated in the future."""
-        return self.created <= now and now - self.created <= ttl
-
-
-_RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
 
 
 def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:
@@ -135,42 +33,6 @@ def outranks(verified: bool, created: float, old_verified: bool, old_created: fl
     if old_verified != verified:
         return verified
     return created >= old_created
-
-
-def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = data[name]
-    if isinstance(value, bool) and kind is not bool:
-        raise TypeError(f"field {name!r} is a bool")
-    if not isinstance(value, kind):
-        raise TypeError(f"field {name!r} has type {type(value).__name__}")
-    return value
-
-
-_CHECKSUM_MARK = ',"checksum":"'
-
-
-def canonical_json(value: Any) -> str:
-    """The project's one canonical JSON form (sorted keys, no spaces): record checksums, spec identities,
-    archive columns."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-_canonical = canonical_json
-
-
-def key_hash(cache_key: str) -> bytes:
-    """The project's one name for a cache key (keys reach 384 KiB): its sha256. The local cache keys rows by
-    these bytes; Redis fields and archive rows by their hex form, :func:`key_sha256`."""
-    return hashlib.sha256(cache_key.encode()).digest()
-
-
-def key_sha256(cache_key: str) -> str:
-    """:func:`key_hash` in hex: the Redis hash field and the archive's ``key_sha256`` column of a key."""
-    return hashlib.sha256(cache_key.encode()).hexdigest()
-
-
-def _checksum(body: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -236,7 +98,8 @@ class PublicationBatch:
     text (already verified), ``cache_keys`` and ``digests`` its key and the key's :func:`key_hash`, ``verified``,
     ``created`` and ``names`` (the winner) its fields, ``runs`` its ``meta.run`` as an update event shows it,
     ``problem_ids`` the problem id to index it under (None or "" for none), ``trials`` the JSON list of its trial
-    rows ("" for none)."""
+    rows ("" for none); ``aliases`` and ``fences``, where given, a :class:`Publication`'s (``fences``: Redis
+    only)."""
 
     fingerprint: str
     cache_keys: Sequence[str]
@@ -249,16 +112,18 @@ class PublicationBatch:
     problem_ids: Sequence[str | None]
     trials: Sequence[str]
     aliases: Sequence[tuple[str, ...]] = ()  # per decision, more problem ids to index it under (none: empty)
+    fences: Sequence[tuple[str, str] | None] = ()  # per decision, the lease that must hold (none: empty)
 
     @classmethod
     def of(cls, fingerprint: str, publications: Sequence[Publication]) -> PublicationBatch:
-        """The batch of publications (all of ``fingerprint``; fences are not carried)."""
+        """The batch of publications (all of ``fingerprint``)."""
         records = [p.record for p in publications]
         return cls(fingerprint, [r.cache_key for r in records], [key_hash(r.cache_key) for r in records],
                    [p.json for p in publications], [r.verified for r in records], [r.created for r in records],
                    [r.name for r in records], [event_run(r.meta.get("run")) for r in records],
                    [p.problem_id for p in publications], [p.trials_json for p in publications],
-                   [p.aliases for p in publications] if any(p.aliases for p in publications) else ())
+                   [p.aliases for p in publications] if any(p.aliases for p in publications) else (),
+                   [p.fence for p in publications] if any(p.fence for p in publications) else ())
 
     def __len__(self) -> int:
         return len(self.texts)

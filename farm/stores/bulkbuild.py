@@ -18,7 +18,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from farm.stores.migrate import statements
+from farm.stores.sqlrows import statements
 
 
 def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,

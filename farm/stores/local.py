@@ -3,15 +3,13 @@
 ``<cache_directory>/farm-cache.sqlite3`` holds one row per decision (the exact :meth:`DecisionRecord.to_json` text,
 keyed by the sha256 of its cache key), the trial rows behind the farm's decisions beside them, the fingerprints and
 the farm's problem index. The controller reads it as its disk tier (``StackTuner(cache_directory=...)``); the
-embedded farm (``DirectorySink``) and ``farm archive import --into-cache`` publish into it; ``farm archive export
+embedded farm (its runs' sink) and ``farm archive import --into-cache`` publish into it; ``farm archive export
 --from-cache`` reads it. This module is the only owner of the format.
 
 Every row has an owner: ``APP`` (written by an application's controller: its policy's ``capacity`` and ``ttl`` apply)
 or ``FARM`` (published by the farm or an import: never pruned by an application). Pruning uses indexes and a row
 count kept by triggers, so each put costs the same with ten records or a million. Writes are transactions (WAL
 journal, ``BEGIN IMMEDIATE``, a busy timeout), so readers in other processes see the old record or the new one.
-
-A directory in the previous format (``<sha256>.json``, ``trials/``, ``farm-index.json``) is migrated once.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 import os
 import sqlite3
 import threading
@@ -34,13 +31,11 @@ from farm.nearest import NearestHit, NearestQuery, hit, nearest_first
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash
 from farm.stores.bulkbuild import absent, build_aside
 from farm.stores.checkpoints import Checkpoints
-from farm.stores.local_nearest import INDEX_SCHEMA, ensure_index, fill_index, near_rows, write_index
-from farm.stores.migrate import APP as APP
-from farm.stores.migrate import FARM as FARM
-from farm.stores.migrate import legacy_files, migrate, replace_row, statements
+from farm.stores.local_nearest import INDEX_SCHEMA, ensure_index, near_rows, write_index
+from farm.stores.sqlrows import APP as APP
+from farm.stores.sqlrows import FARM as FARM
+from farm.stores.sqlrows import replace_row, statements
 from farm.stores.staging import Staging
-
-log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
@@ -72,7 +67,6 @@ CREATE TRIGGER decisions_removed AFTER DELETE ON decisions BEGIN
     DELETE FROM trials WHERE key = old.key;
 END;
 """ + INDEX_SCHEMA
-
 
 
 class LocalStore:
@@ -112,7 +106,7 @@ class LocalStore:
                 return self._conn
             self._conn.close()
             self._conn = None
-        if not create and not self.path.exists() and not legacy_files(self.directory):
+        if not create and not self.path.exists():
             with contextlib.suppress(FileNotFoundError):
                 os.stat(self.directory)  # a path through a file is an error, a missing directory a miss
             return None
@@ -158,24 +152,15 @@ class LocalStore:
 
     def _create(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        migrated: list[Path] = []
         try:
             if conn.execute("PRAGMA user_version").fetchone()[0] == 0:  # another process may have won the race
                 for statement in statements(_SCHEMA):
                     conn.execute(statement)
-                migrated = migrate(conn, self.directory)
-                if migrated:
-                    fill_index(conn)
                 conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        for path in migrated:
-            with contextlib.suppress(OSError):
-                path.unlink() if path.is_file() else path.rmdir()
-        if migrated:
-            log.info("migrated the cache directory %s into %s", self.directory, self.path)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -286,7 +271,7 @@ class LocalStore:
         directory without a cache file, the farm builds the file aside and links it into place
         (``farm.stores.bulkbuild``: each page written once)."""
         batches = list(batches)
-        if self.owner == FARM and self._conn is None and absent(self.path) and not legacy_files(self.directory):
+        if self.owner == FARM and self._conn is None and absent(self.path):
             staging = Staging()
             results = [staging.add(batch, lambda keys: {}) for batch in batches]
             pragmas = [f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536"]
@@ -332,6 +317,19 @@ class LocalStore:
                 f"AND p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)):
                 with contextlib.suppress(CorruptRecord):
                     found[pid] = DecisionRecord.from_json(raw)
+        return found
+
+    def priors(self, family: str, exclude: str, limit: int) -> list[tuple[str, DecisionRecord]]:
+        """(fingerprint digest, record) of up to ``limit`` fingerprints other than ``exclude`` whose problem index
+        maps ``family`` (a problem family's id across fingerprints, a publication's alias), in digest order: one
+        query, a primary-key lookup per fingerprint. Unreadable records are left out."""
+        found: list[tuple[str, DecisionRecord]] = []
+        for digest, raw in self._read(
+                "SELECT f.digest, d.record FROM fingerprints f JOIN problems p ON p.digest = f.digest AND "
+                "p.problem_id = ? JOIN decisions d ON d.key = p.key WHERE f.digest != ? ORDER BY f.digest LIMIT ?",
+                (family, exclude, max(0, limit))):
+            with contextlib.suppress(CorruptRecord):
+                found.append((str(digest), DecisionRecord.from_json(raw)))
         return found
 
     def fingerprints(self) -> dict[str, str]:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from farm.errors import CorruptRecord
 from farm.nearest import SLACK, NearestQuery, dims_text, family_of, lead, rank
 from farm.stores.base import DecisionRecord
-from farm.stores.migrate import statements, write_rows
+from farm.stores.sqlrows import statements, write_rows
 
 log = logging.getLogger("farm.stores.local")
 

@@ -8,6 +8,7 @@ after a back-off, never an exception on the caller's path.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import itertools
 import json
@@ -15,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,15 @@ from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
 from farm.nearest import NearestHit, NearestQuery
-from farm.stores import redis_nearest
-from farm.stores.base import DecisionRecord, Publication, key_sha256
+from farm.stores import redis_nearest, redis_priors
+from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_sha256
 from farm.stores.regimes import RegimeCheck
 
 log = logging.getLogger(__name__)
-# The "farm" library: publication (publish.lua) and the nearest-decision lookup (nearest.lua), one FUNCTION LOAD.
-FUNCTION_SOURCE = "\n".join((Path(__file__).with_name(name)).read_text() for name in ("publish.lua", "nearest.lua"))
+# The "farm" library: publication (publish.lua), the nearest-decision lookup (nearest.lua) and the fleet-priors
+# lookup (priors.lua), one FUNCTION LOAD.
+FUNCTION_SOURCE = "\n".join((Path(__file__).with_name(name)).read_text()
+                             for name in ("publish.lua", "nearest.lua", "priors.lua"))
 
 
 @dataclass(frozen=True)
@@ -83,12 +86,31 @@ def connection(pool: Any, command: str) -> Any:
         return pool.get_connection(command)
 
 
-def _resp(args: list[bytes]) -> bytes:
-    """One command in the Redis protocol (RESP): an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
-    return b"".join(out)
+_BULK = b"$%d\r\n%b\r\n"  # a bulk string of the Redis protocol (RESP): its length in bytes, then its bytes
+_DECISION = _BULK * 9  # the nine arguments of one decision of farm_publish, formatted at once
+
+
+def _resp(args: Sequence[bytes], decisions: Sequence[bytes] = ()) -> bytes:
+    """One command in the Redis protocol (RESP), the project's one encoder: an array of bulk strings, ``args``
+    then the nine of each of ``decisions`` (formatted by ``_DECISION``)."""
+    return b"".join([b"*%d\r\n" % (len(args) + 9 * len(decisions)), *[_BULK % (len(arg), arg) for arg in args],
+                     *decisions])
+
+
+def _reply(conn: Any, queued: int) -> Any:
+    """The reply of the first command sent: of a transaction of ``queued`` commands, or of one command alone
+    (``queued`` 0); an error reply is returned. A command refused while queueing raises (EXECABORT)."""
+    redis = redis_module()
+    if not queued:
+        try:
+            return conn.read_response()
+        except redis.ResponseError as e:
+            return e
+    conn.read_response()  # +OK
+    for _ in range(queued):
+        with contextlib.suppress(redis.ResponseError):
+            conn.read_response()  # +QUEUED, or why the command was refused (EXEC then aborts)
+    return conn.read_response()[0]
 
 
 def redis_module() -> Any:
@@ -135,6 +157,7 @@ class RedisDecisions:
         self._lock = threading.Lock()
         self._function_loaded = False
         self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
+        self._priors_on_server = True  # farm_priors answers (likewise)
         self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
         self.failures = 0
         self._regimes = RegimeCheck(
@@ -194,6 +217,22 @@ class RedisDecisions:
         self._backoff = self._backoff_initial
         return found
 
+    def priors(self, family: str, exclude: str, limit: int) -> list[tuple[str, DecisionRecord]]:
+        """(fingerprint digest, record) of up to ``limit`` fingerprints other than ``exclude`` whose problem index
+        maps ``family`` (a problem family's id across fingerprints, farm_coordinator.plan), in digest order: one
+        round trip (farm.stores.redis_priors). Raises what redis-py raises: the coordinator's store is no fleet
+        tier, an outage there is the run's."""
+        import redis
+
+        if not self._function_loaded and self._priors_on_server:
+            try:
+                self.load_function()  # as a publication would (the coordinator publishes next)
+            except redis.ResponseError:
+                self._priors_on_server = False  # a reader: answered here
+        found, self._priors_on_server = redis_priors.lookup(self.client, self.settings, family, exclude, limit,
+                                                            self._priors_on_server)
+        return found
+
     def index_nearest(self) -> int:
         """Add every stored decision to the nearest-decision index (for decisions published before it existed;
         idempotent); return how many were read."""
@@ -230,93 +269,95 @@ class RedisDecisions:
         refused ("refused: stale lease ...") unless that key holds exactly that value, and consumes the key."""
         return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials or ()), fence=fence)])[0]
 
-    def _publish_args(self, pub: Publication) -> tuple[list[str], list[str]]:
-        """The keys and arguments of one ``farm_publish`` call (publish.lua): built here and nowhere else."""
-        cached = self._publish_keys.get(pub.fingerprint)
-        if cached is None:
-            digest = fingerprint_digest(pub.fingerprint)
-            s = self.settings
-            cached = self._publish_keys[pub.fingerprint] = (digest, str(s.events_maxlen), [
-                s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
-                s.trials_key(digest)])
-        digest, maxlen, keys = cached
-        args = [key_sha256(pub.record.cache_key), pub.json, pub.problem_id, digest, pub.fingerprint, maxlen,
-                pub.trials_json]
-        if pub.fence is not None:  # the lease that must still hold (publish.lua checks and consumes it)
-            return [*keys, pub.fence[0]], [*args, pub.fence[1]]
-        return keys, args
-
     def publish_many(self, publications: Iterable[Publication], batch: int = 2000) -> list[tuple[bool, str]]:
-        """Publish through ``farm_publish``, ``batch`` calls per MULTI/EXEC transaction (pipelined: one round
-        trip per batch); return (replaced, reason) per publication. A refused call raises ``redis.ResponseError``
-        after its batch: earlier batches stay applied (each call is idempotent under the replacement rule)."""
+        """Publish through :meth:`publish_batch`, ``batch`` publications at a time, one ``farm_publish`` call for
+        each fingerprint's run of them; return (replaced, reason) per publication."""
         results: list[tuple[bool, str]] = []
         pending = iter(publications)
         while chunk := list(itertools.islice(pending, batch)):
-            index = redis_nearest.index_commands(
-                self.settings.key, [(pub.record.cache_key, self._publish_keys_digest(pub.fingerprint)) for pub in chunk])
-            index += [[b"HSET", self.settings.problems_key(self._publish_keys_digest(pub.fingerprint)).encode(),
-                       alias.encode(), key_sha256(pub.record.cache_key).encode()]
-                      for pub in chunk for alias in pub.aliases]  # Publication.aliases, in the same transaction
-            results += self.publish_calls([self._publish_args(pub) for pub in chunk], index)
+            for _, run in itertools.groupby(chunk, key=lambda pub: pub.fingerprint):
+                pubs = list(run)
+                results += self.publish_batch(PublicationBatch.of(pubs[0].fingerprint, pubs), size=len(pubs))
         return results
 
-    def _publish_keys_digest(self, fingerprint: str) -> str:
-        cached = self._publish_keys.get(fingerprint)
-        return cached[0] if cached is not None else fingerprint_digest(fingerprint)
-
-    def publish_calls(self, calls: list[tuple[list[str], list[str]]],
-                      index: list[list[bytes]] | None = None) -> list[tuple[bool, str]]:
-        """``farm_publish`` with these keys and arguments, in one MULTI/EXEC (loading the function first), with
-        the ``index`` commands (the nearest-decision index's, farm.stores.redis_nearest) in the same transaction."""
+    def publish_batch(self, batch: PublicationBatch, size: int = 1000) -> list[tuple[bool, str]]:
+        """The store's one publication: ``batch`` by ``farm_publish`` (publish.lua: for each decision, in order,
+        the replacement rule, trial rows, problem index, fingerprint, update event and fence), ``size`` decisions
+        per call, each call in one MULTI/EXEC with their nearest-decision index entries and problem-id aliases (one
+        round trip each, the next one encoded while the server runs this one); return (replaced, reason) per
+        decision. A refused command raises ``redis.ResponseError`` after its transaction: earlier ones stay applied
+        (each publication is idempotent under the replacement rule)."""
         import redis
 
         if not self._function_loaded:
             self.load_function()
-        replies = self._execute(calls, index or [])
-        if any(isinstance(r, redis.ResponseError) and "Function not found" in str(r) for r in replies):
-            self.load_function()  # the server restarted without it: every call of the batch failed alike
-            replies = self._execute(calls, index or [])
-        results = []
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-            replaced, reason = reply
-            results.append((bool(replaced), str(reason)))
-        return results
-
-    def _execute(self, calls: list[tuple[list[str], list[str]]], index: list[list[bytes]]) -> list[Any]:
-        """One MULTI/EXEC of ``farm_publish`` calls and then the ``index`` commands (one call alone: no
-        transaction), packed here: redis-py's generic per-argument packing costs more than the server's work for a
-        batch. Error replies come back in place, one per call."""
-        commands = []
-        for keys, args in calls:
-            commands.append(_resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(a.encode() for a in (*keys, *args))]))
-        commands += [_resp(command) for command in index]
+        parts = (self._transaction(batch, at, min(at + size, len(batch))) for at in range(0, len(batch), size))
+        results: list[tuple[bool, str]] = []
         pool = self.client.connection_pool
         conn = connection(pool, "FCALL")
         try:
-            if len(commands) == 1:
-                conn.send_packed_command([commands[0]])
-                try:
-                    return [conn.read_response()]
-                except redis_module().ResponseError as e:
-                    return [e]
-            conn.send_packed_command([b"".join([_resp([b"MULTI"]), *commands, _resp([b"EXEC"])])])
-            conn.read_response()  # +OK
-            queued = []
-            for _ in commands:
-                try:
-                    queued.append(conn.read_response())
-                except redis_module().ResponseError as e:
-                    queued.append(e)
-            replies = conn.read_response()  # raises EXECABORT when a call was refused while queueing
-            return list(replies)[: len(calls)]
+            part = next(parts, None)
+            while part is not None:
+                decisions, queued, packed = part
+                conn.send_packed_command([packed])
+                upcoming = next(parts, None)  # encoded while the server runs this transaction
+                reply = _reply(conn, queued)
+                if isinstance(reply, redis.ResponseError) and "Function not found" in str(reply):
+                    self.load_function()  # the server restarted without it
+                    conn.send_packed_command([packed])
+                    reply = _reply(conn, queued)
+                if isinstance(reply, Exception):
+                    raise reply
+                reasons = str(reply).split("\n") if decisions else []
+                if len(reasons) != decisions:
+                    raise RuntimeError(f"farm_publish answered {len(reasons)} reasons for {decisions} decisions")
+                results += [(not r.startswith(("kept", "refused")), r) for r in reasons]
+                part = upcoming
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
+        return results
+
+    def _transaction(self, batch: PublicationBatch, start: int, stop: int) -> tuple[int, int, bytes]:
+        """Decisions ``start`` to ``stop`` of ``batch`` as one ``farm_publish`` call (its keys and arguments,
+        publish.lua's, built here and nowhere else) followed by their index commands, packed in one MULTI/EXEC:
+        the number of decisions, of commands queued (0: the call alone, no transaction) and the packed bytes.
+        redis-py's generic per-argument packing costs more than the server's work for a batch."""
+        cached = self._publish_keys.get(batch.fingerprint)
+        if cached is None:
+            digest = fingerprint_digest(batch.fingerprint)
+            s = self.settings
+            cached = self._publish_keys[batch.fingerprint] = (digest, str(s.events_maxlen), [
+                s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
+                s.trials_key(digest)])
+        digest, maxlen, keys = cached
+        texts, trials, fields = batch.texts[start:stop], batch.trials[start:stop], batch.digests[start:stop]
+        names = [b"FCALL", b"farm_publish", b"", *(k.encode() for k in keys)]
+        decisions = []
+        for i in range(stop - start):
+            at = start + i
+            fence = batch.fences[at] if batch.fences else None
+            if fence is not None:  # its lease key after the others (a lease's value is never empty)
+                names.append(fence[0].encode())
+            text, pid, rows = texts[i].encode(), (batch.problem_ids[at] or "").encode(), trials[i].encode()
+            verified, created = b"true" if batch.verified[at] else b"false", repr(batch.created[at]).encode()
+            name, run, lease = batch.names[at].encode(), batch.runs[at].encode(), b"" if fence is None else fence[1].encode()
+            decisions.append(_DECISION % (64, binascii.hexlify(fields[i]), len(text), text, len(pid), pid, len(rows),
+                                          rows, len(verified), verified, len(created), created, len(name), name,
+                                          len(run), run, len(lease), lease))
+        names[2] = b"%d" % (len(names) - 3)
+        head = [*names, digest.encode(), batch.fingerprint.encode(), maxlen.encode()]
+        index = redis_nearest.index_commands(self.settings.key, [(k, digest) for k in batch.cache_keys[start:stop]])
+        problems = self.settings.problems_key(digest).encode()
+        index += [[b"HSET", problems, alias.encode(), fields[i].hex().encode()]  # Publication.aliases
+                  for i, aliases in enumerate(batch.aliases[start:stop]) for alias in aliases]
+        call = _resp(head, decisions)
+        if not index:
+            return stop - start, 0, call
+        return stop - start, 1 + len(index), b"".join([_resp([b"MULTI"]), call, *(_resp(c) for c in index),
+                                                      _resp([b"EXEC"])])
 
     # -- listing ------------------------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 
 ``<prefix>:nearest:<fingerprint digest>:<family digest>`` holds a member ``<dims JSON>|<field>`` per decision of
 the family (``field``: the decision's hash field, sha256 of its cache key), scored by the workload's ``lead``. It
-is written in the publication's own MULTI/EXEC (``RedisDecisions.publish_many``; an archive import's transaction,
-``farm.stores.redis_batch``), so a reader sees a decision and its index entry together. An entry depends on the
+is written in the publication's own MULTI/EXEC (``RedisDecisions.publish_batch``, the farm's runs and the archive
+imports alike), so a reader sees a decision and its index entry together. An entry depends on the
 cache key alone, never on which record the replacement rule kept, so writing it again is harmless.
 
 A lookup is two round trips: ``farm_nearest`` (nearest.lua, read only) ranks the family's members within

@@ -11,7 +11,7 @@ from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.stores.base import DecisionRecord, PublicationBatch, outranks
 from farm.stores.local_nearest import write_index
-from farm.stores.migrate import FARM, write_rows
+from farm.stores.sqlrows import FARM, write_rows
 
 BATCH = 1000  # stored records are looked up this many keys at a time
 # A key's staged publication: (verified, created, record text, problem id, trial rows JSON).

@@ -1,63 +1,81 @@
 """Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
 
-``schema`` (files, columns, the record text of a row), ``writer`` (schema 2, atomic folders), ``files`` (hostile-file
-safe reading), ``reader``, ``rows``, ``trialjson`` and ``checks`` (verifying, batched, column-wise where it can),
-``v1`` (schema 1, read only), ``signing`` (Ed25519 signatures of manifests, trusted keys), ``derived`` (the per-decision view ``inspect`` shows) and ``store`` (the runtime's
-read-only fleet tier). The fleet-side operations (export, import, merge, diff) live in ``farm_coordinator.archive``. pyarrow is
-imported lazily.
+The runtime's read side: ``store`` (the read-only fleet tier), ``manifest`` (folders and their checked manifest),
+``files`` (hostile-file safe reading), ``schema`` (files, columns, the record text of a row), ``families`` and
+``priors`` (lookup indexes), ``signing`` (trusted keys, and checking the Ed25519 signature of a manifest). The
+archive tools (writing, signing, reading and verifying whole archives, export, import, merge, diff) are a package
+of their own, ``farm_archives`` (archive_tools/), which the core never imports.
+
+Every name below is imported from its module on first use, so a runtime that opens an :class:`ArchiveStore` loads
+only what a lookup needs (tests/test_archive_imports.py). pyarrow is imported lazily too.
 """
 
-from farm.stores.archive.derived import check_ranges, decision_row
-from farm.stores.archive.reader import (
-    Archive,
-    archive_folders,
-    is_archive,
-    read_archive,
-    read_manifest,
-    read_regular,
-)
-from farm.stores.archive.rows import ArchiveRows
-from farm.stores.archive.schema import (
-    ARCHIVE_SCHEMA_VERSION,
-    DATA_FILES,
-    DECISION_COLUMNS,
-    DECISION_FIELDS,
-    DECISIONS_FILE,
-    KEY_PARTS,
-    MANIFEST_FILE,
-    READABLE_VERSIONS,
-    ROW_GROUP_ROWS,
-    TRIAL_COLUMNS,
-    TRIAL_FIELDS,
-    TRIAL_TYPES,
-    TRIALS_FILE,
-    ArchiveEntry,
-    ArchiveError,
-    arrow_schema,
-    record_body,
-    record_text,
-    rekey,
-)
-from farm.stores.archive.signing import (
-    SIGNATURE_FILE,
-    SigningKey,
-    Trust,
-    generate_keys,
-    load_signing_key,
-    read_trusted_keys,
-    signing_key_from_env,
-)
-from farm.stores.archive.store import ArchiveStore
-from farm.stores.archive.writer import WrittenArchive, swap_directory, write_archive
-from farm.stores.base import canonical_json, key_sha256
-from farm.trustedkeys import PublicKey
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farm.decisions import canonical_json, key_sha256
+    from farm.stores.archive.files import read_regular
+    from farm.stores.archive.manifest import archive_folders, is_archive, read_manifest
+    from farm.stores.archive.schema import (
+        ARCHIVE_SCHEMA_VERSION,
+        DATA_FILES,
+        DECISION_COLUMNS,
+        DECISION_FIELDS,
+        DECISIONS_FILE,
+        KEY_PARTS,
+        MANIFEST_FILE,
+        READABLE_VERSIONS,
+        ROW_GROUP_ROWS,
+        TRIAL_COLUMNS,
+        TRIAL_FIELDS,
+        TRIAL_TYPES,
+        TRIALS_FILE,
+        ArchiveEntry,
+        ArchiveError,
+        arrow_schema,
+        record_body,
+        record_text,
+        rekey,
+    )
+    from farm.stores.archive.signing import SIGNATURE_FILE, UNSIGNED_WARNING, Trust, read_trusted_keys
+    from farm.stores.archive.store import ArchiveStore
+    from farm.trustedkeys import PublicKey
+
+_MODULES = {
+    "farm.decisions": ("canonical_json", "key_sha256"),
+    "farm.stores.archive.files": ("read_regular",),
+    "farm.stores.archive.manifest": ("archive_folders", "is_archive", "read_manifest"),
+    "farm.stores.archive.schema": (
+        "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISION_COLUMNS", "DECISION_FIELDS", "DECISIONS_FILE", "KEY_PARTS",
+        "MANIFEST_FILE", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIAL_COLUMNS", "TRIAL_FIELDS", "TRIAL_TYPES",
+        "TRIALS_FILE", "ArchiveEntry", "ArchiveError", "arrow_schema", "record_body", "record_text", "rekey",
+    ),
+    "farm.stores.archive.signing": ("SIGNATURE_FILE", "UNSIGNED_WARNING", "Trust", "read_trusted_keys"),
+    "farm.stores.archive.store": ("ArchiveStore",),
+    "farm.trustedkeys": ("PublicKey",),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = [
-    "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISIONS_FILE", "DECISION_COLUMNS", "DECISION_FIELDS",
-    "KEY_PARTS", "MANIFEST_FILE", "SIGNATURE_FILE", "PublicKey", "SigningKey", "Trust", "generate_keys",
-    "load_signing_key", "read_trusted_keys", "signing_key_from_env", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIALS_FILE", "TRIAL_COLUMNS",
-    "TRIAL_FIELDS", "TRIAL_TYPES", "Archive", "ArchiveEntry", "ArchiveError", "ArchiveRows", "ArchiveStore",
-    "WrittenArchive", "archive_folders", "arrow_schema", "canonical_json", "check_ranges", "decision_row",
-    "is_archive", "key_sha256", "read_archive", "read_manifest", "read_regular", "record_body", "record_text",
-    "rekey", "swap_directory", "write_archive",
-]
+    "ARCHIVE_SCHEMA_VERSION", "ArchiveEntry", "ArchiveError", "ArchiveStore", "DATA_FILES", "DECISIONS_FILE",
+    "DECISION_COLUMNS", "DECISION_FIELDS", "KEY_PARTS", "MANIFEST_FILE", "PublicKey", "READABLE_VERSIONS",
+    "ROW_GROUP_ROWS", "SIGNATURE_FILE", "TRIALS_FILE", "TRIAL_COLUMNS", "TRIAL_FIELDS", "TRIAL_TYPES", "Trust",
+    "UNSIGNED_WARNING", "archive_folders", "arrow_schema", "canonical_json", "is_archive", "key_sha256",
+    "read_manifest", "read_regular", "read_trusted_keys", "record_body", "record_text", "rekey",
+]  # every name of _MODULES (tests/test_archive_imports.py checks both agree)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -7,8 +7,8 @@ An archive holds the decisions of ONE environment fingerprint in one folder name
                                      manifest.json       fingerprint, schema version, row counts, bytes and sha256
 
 Schema 2 stores each record once, as columns from which its exact :meth:`DecisionRecord.to_json` text is rebuilt
-(:func:`record_body`) and checked against the stored ``checksum``. Schema 1 (``farm.stores.archive.v1``) is read,
-never written. pyarrow is imported lazily: ``import farm`` stays light.
+(:func:`record_body`) and checked against the stored ``checksum``. Schema 1, which predates signatures, is refused.
+pyarrow is imported lazily: ``import farm`` stays light.
 """
 
 from __future__ import annotations
@@ -23,15 +23,21 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import ArchiveError as ArchiveError
 from farm.identity import CacheKey
-from farm.stores.archive.derived import KEY_PARTS as KEY_PARTS
 from farm.stores.base import SCHEMA_VERSION, DecisionRecord, key_sha256
 
 ARCHIVE_SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # schema 1: read-only compatibility
+READABLE_VERSIONS = (2,)  # schema 1 predates signatures: refused (farm.stores.archive.manifest)
 DECISIONS_FILE = "decisions.parquet"
 TRIALS_FILE = "trials.parquet"
 MANIFEST_FILE = "manifest.json"
 DATA_FILES = (DECISIONS_FILE, TRIALS_FILE)
+
+# The parts of a cache key (farm.identity.CacheKey), in order, as the derived view names them.
+KEY_PARTS = (
+    "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
+    "manifest", "accuracy_key",
+)
+
 ROW_GROUP_ROWS = 1024  # decisions.parquet: a runtime hit decodes one row group
 TRIAL_ROW_GROUP_ROWS = 65536  # trials.parquet is only ever read whole
 PARQUET_VERSION_KEY = b"farm.archive.schema_version"
@@ -158,12 +164,6 @@ class ArchiveEntry:
     @property
     def json(self) -> str:
         return self.text if self.text is not None else self.record.to_json()
-
-    def row(self) -> dict[str, Any]:
-        """The derived view of this entry (``farm.stores.archive.derived.decision_row``)."""
-        from farm.stores.archive.derived import decision_row
-
-        return decision_row(self.record, self.problem_id, self.text)
 
 
 def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:

@@ -14,11 +14,10 @@ from farm.environment import fingerprint_digest
 from farm.errors import ArchiveError, CorruptRecord, TuneFailure
 from farm.identity import key_environment
 from farm.nearest import FamilyIndex, NearestHit, NearestQuery, hit, nearest_first
-from farm.stores.archive import v1
-from farm.stores.archive.checks import check_keys
 from farm.stores.archive.families import NEAR_ROWS, family_index
 from farm.stores.archive.files import parquet_file, verified_bytes
-from farm.stores.archive.reader import archive_folders, read_manifest
+from farm.stores.archive.manifest import archive_folders, read_manifest
+from farm.stores.archive.priors import FLEET_FAMILY, priors_index
 from farm.stores.archive.schema import (
     DECISION_COLUMNS,
     DECISIONS_FILE,
@@ -28,11 +27,11 @@ from farm.stores.archive.schema import (
     with_checksum,
 )
 from farm.stores.archive.signing import UNSIGNED_WARNING, Trust
-from farm.stores.base import DecisionRecord, key_sha256, replaces
+from farm.stores.base import DecisionRecord, replaces
 
 log = logging.getLogger(__name__)
 
-# Schema 2: the columns a hit decodes (one row group of them) to rebuild the record.
+# The columns a hit decodes (one row group of them) to rebuild the record.
 _RECORD_COLUMNS = ("key_version", "scope", "operation_key", "workload", "execution_context", "reference_index",
                    "manifest", "accuracy_key", "created", "winner_index", "meta_json", "winner", "ratio", "verified",
                    "checksum")
@@ -41,9 +40,8 @@ _RECORD_COLUMNS = ("key_version", "scope", "operation_key", "workload", "executi
 class _Loaded:
     """One archive's decisions for lookups: the verified file bytes, a key index -> row, a few decoded groups.
 
-    The index is built one row group at a time from one column alone (schema 2: ``key_hash``, refusing a repeated
-    one; schema 1: ``key_sha256``, refusing a malformed, unsorted or repeated one): memory stays proportional to
-    the file and its index."""
+    The index is built one row group at a time from one column alone (``key_hash``, refusing a repeated one):
+    memory stays proportional to the file and its index."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any], row_groups: int) -> None:
         import pyarrow as pa
@@ -52,16 +50,14 @@ class _Loaded:
         data = verified_bytes(folder, DECISIONS_FILE, manifest)
         self.version = version = manifest["schema_version"]
         self.fingerprint = manifest["fingerprint"]
-        columns = DECISION_COLUMNS if version == 2 else v1.DECISION_COLUMNS
-        self.pf = parquet_file(path, data, columns, manifest["digest"], manifest["rows"]["decisions"], version)
+        self.pf = parquet_file(path, data, DECISION_COLUMNS, manifest["digest"], manifest["rows"]["decisions"], version)
         self.path = path
         self.starts: list[int] = []
         self.rows: dict[Any, int] = {}
         at = 0
-        last: str | None = None
         for g in range(self.pf.num_row_groups):
             self.starts.append(at)
-            name = "key_hash" if version == 2 else "key_sha256"
+            name = "key_hash"
             try:
                 keys = self.pf.read_row_group(g, columns=[name]).column(0)
             except (pa.ArrowException, OSError, ValueError) as e:
@@ -69,22 +65,17 @@ class _Loaded:
             if keys.null_count:
                 raise ArchiveError(f"{path}: column {name!r} holds nulls")
             for chunk in keys.chunks:
-                if version == 1:
-                    last = check_keys(path, chunk, at, last)
-                    self.rows.update(zip(chunk.to_pylist(), range(at, at + len(chunk)), strict=True))
-                else:
-                    for i, value in enumerate(chunk.to_pylist(), at):
-                        if self.rows.setdefault(value, i) != i:
-                            raise ArchiveError(f"{path}: row {i} (key hash {value & (2**64 - 1):016x}): duplicate "
-                                               f"key: refused")
+                for i, value in enumerate(chunk.to_pylist(), at):
+                    if self.rows.setdefault(value, i) != i:
+                        raise ArchiveError(f"{path}: row {i} (key hash {value & (2**64 - 1):016x}): duplicate "
+                                           f"key: refused")
                 at += len(chunk)
         self.groups: OrderedDict[int, Any] = OrderedDict()
         self.max_groups = row_groups
         self.families: FamilyIndex | None = None  # the nearest-decision index, built on the first nearest lookup
+        self.priors: dict[str, list[int]] | None = None  # the fleet-priors index, built on the first priors lookup
 
     def row(self, cache_key: str) -> int | None:
-        if self.version == 1:
-            return self.rows.get(key_sha256(cache_key))
         return self.rows.get(key_hash64(key_digest(cache_key)))
 
     def text(self, row: int, cache_key: str | None) -> str | None:
@@ -93,15 +84,13 @@ class _Loaded:
         g = bisect.bisect_right(self.starts, row) - 1
         group = self.groups.get(g)
         if group is None:
-            group = self.pf.read_row_group(g, columns=["record_json"] if self.version == 1 else list(_RECORD_COLUMNS))
+            group = self.pf.read_row_group(g, columns=list(_RECORD_COLUMNS))
             self.groups[g] = group
             if len(self.groups) > self.max_groups:
                 self.groups.popitem(last=False)
         else:
             self.groups.move_to_end(g)
         at = row - self.starts[g]
-        if self.version == 1:
-            return str(group.column(0)[at].as_py())
         v = [group.column(i)[at].as_py() for i in range(len(_RECORD_COLUMNS))]
         key = fields([*v[0:3], self.fingerprint, *v[3:5], str(v[5]), *v[6:8]])
         if cache_key is not None and key != cache_key:
@@ -115,8 +104,7 @@ class ArchiveStore:
     Folders are discovered and their manifests checked at construction (ArchiveError for a missing directory; a
     folder whose manifest is unusable is logged as a warning and skipped: its lookups are misses). An archive is
     loaded on the first lookup of its fingerprint (or by :meth:`load`): its decisions.parquet is read once,
-    checked against the manifest's byte count and sha256, and only its ``key_hash`` column (schema 1:
-    ``key_sha256``) is indexed; a hit decodes one row group (kept in a small LRU of ``row_groups`` groups per
+    checked against the manifest's byte count and sha256, and only its ``key_hash`` column is indexed; a hit decodes one row group (kept in a small LRU of ``row_groups`` groups per
     archive), rebuilds that one record from its columns and verifies it (its checksum, its key against the
     requested one). Memory is bounded by the
     compressed file, the index and the decoded groups. An archive that fails to load is logged once and every
@@ -234,7 +222,7 @@ class ArchiveStore:
         for archive in self._archives(digest):
             with self._lock:
                 if archive.families is None:
-                    archive.families = family_index(archive.pf, archive.version, archive.fingerprint)
+                    archive.families = family_index(archive.pf, archive.fingerprint)
                 near = archive.families.near(query, max_distance)[:NEAR_ROWS]
             for _, row in near:
                 try:
@@ -245,6 +233,36 @@ class ArchiveStore:
                 except Exception as e:  # a corrupt record or an unreadable row group: not an answer
                     log.warning("%s: row %d: unreadable for a nearest lookup: %s", archive.path, row, e)
         return nearest_first(hits)
+
+    def priors(self, family: str, exclude: str, limit: int) -> list[tuple[str, DecisionRecord]]:
+        """(fingerprint digest, record) of up to ``limit`` archived fingerprints other than ``exclude`` holding a
+        decision of ``family`` (a problem family's id across fingerprints, its meta's ``fleet_family``), in digest
+        order; where one fingerprint's archives hold several, the replacement rule picks. Each archive's priors
+        index is built on its first priors lookup (farm.stores.archive.priors: one pass over its meta column);
+        unreadable rows are left out."""
+        found: list[tuple[str, DecisionRecord]] = []
+        for digest in self.digests:
+            if len(found) >= limit:
+                break
+            if digest == exclude:
+                continue
+            best: DecisionRecord | None = None
+            for archive in self._archives(digest):
+                try:
+                    with self._lock:
+                        if archive.priors is None:
+                            archive.priors = priors_index(archive.pf)
+                        texts = [archive.text(row, None) for row in archive.priors.get(family, ())]
+                    records = [DecisionRecord.from_json(text) for text in texts if text is not None]
+                except Exception as e:  # a corrupt record or an unreadable row group: not an answer
+                    log.warning("%s: unreadable for a priors lookup: %s", archive.path, e)
+                    continue
+                for record in records:
+                    if record.meta.get(FLEET_FAMILY) == family and replaces(record, best):
+                        best = record
+            if best is not None:
+                found.append((digest, best))
+        return found
 
     def put(self, record: DecisionRecord) -> None:
         raise TuneFailure.unavailable("an ArchiveStore is read-only: write archives with `farm archive`")

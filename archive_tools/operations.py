@@ -1,12 +1,12 @@
-"""Archive operations behind ``farm archive``: inspect, merge and diff here; export (``archive_export``) and import
-(``archive_import``) in their own modules, re-exported here. The format, reader and writer live in
-``farm.stores.archive``; the schema is documented in docs/archives.md.
+"""Archive operations behind ``farm archive``: inspect, merge and diff here; export (``farm_archives.export``) and
+import (``farm_archives.imports``) in their own modules, re-exported here. The reader and writer are this package's,
+the format the core's (``farm.stores.archive``); the schema is documented in docs/archives.md.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,20 +14,16 @@ from typing import Any
 
 from farm.identity import CacheKey
 from farm.jsontypes import JSONObject
-from farm.stores.archive import (
-    Archive,
-    ArchiveEntry,
-    ArchiveError,
-    SigningKey,
-    Trust,
-    WrittenArchive,
-    archive_folders,
-    read_archive,
-    write_archive,
-)
+from farm.stores.archive.manifest import archive_folders
+from farm.stores.archive.schema import ArchiveEntry, ArchiveError
+from farm.stores.archive.signing import Trust
 from farm.stores.base import key_sha256, replaces
-from farm_coordinator.archive_export import ExportResult, export_cache, export_redis, select_fingerprints
-from farm_coordinator.archive_import import ImportResult, import_cache, import_redis, load_archives
+from farm_archives.derived import decision_row
+from farm_archives.export import ExportResult, export_cache, export_redis, select_fingerprints
+from farm_archives.imports import ImportResult, import_cache, import_redis, load_archives
+from farm_archives.reader import Archive, read_archive
+from farm_archives.signing import SigningKey
+from farm_archives.writer import WrittenArchive, write_archive
 
 __all__ = [
     "Diff", "ExportResult", "ImportResult", "MergeResult", "diff_archives", "diff_table", "export_cache",
@@ -42,7 +38,7 @@ def _iso(seconds: float) -> str:
 
 def summary(archive: Archive, entry: ArchiveEntry) -> dict[str, Any]:
     """A decision as ``inspect --json`` shows it."""
-    row = entry.row()
+    row = decision_row(entry.record, entry.problem_id, entry.text)
     return {
         "fingerprint": archive.digest, "key_sha256": row["key_sha256"], "operation": row["operation"],
         "device_kind": row["device_kind"], "spec": json.loads(row["spec_json"]) if row["spec_json"] else None,
@@ -62,7 +58,10 @@ def inspect_rows(archives: Iterable[Archive], operation: str | None = None) -> l
                                        r["workload"], r["created"]))
 
 
-def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> Any:
+Label = Callable[[str, Any], str]  # (operation, spec) -> how a command writes the workload (the CLI's catalog label)
+
+
+def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]], workload_label: Label) -> Any:
     from rich.markup import escape  # a config's name, row_blocks[height=64], is not markup
     from rich.table import Table
 
@@ -71,8 +70,6 @@ def inspect_table(archives: Sequence[Archive], rows: list[dict[str, Any]]) -> An
     table = Table(title=escape(f"archive {heads}"))
     for name in ("operation", "workload", "winner", "ratio", "verified", "samples", "confirmation", "created"):
         table.add_column(name, justify="right" if name in ("ratio", "samples") else "left")
-    from farm_coordinator.catalog import workload_label
-
     for r in rows:
         spec = workload_label(r["operation"], r["spec"]) if isinstance(r["spec"], dict) else (
             r["workload"] if len(r["workload"]) <= 60 else r["workload"][:57] + "...")
@@ -192,7 +189,7 @@ def _compared(row: dict[str, Any]) -> tuple[Any, ...]:
     return round(float(row["ratio"]), 6), bool(row["verified"]), row["confirmation"] or ""
 
 
-def diff_table(diff: Diff) -> Any:
+def diff_table(diff: Diff, workload_label: Label) -> Any:
     from rich.markup import escape  # a config's name, row_blocks[height=64], is not markup
     from rich.table import Table
 
@@ -202,8 +199,6 @@ def diff_table(diff: Diff) -> Any:
                         f"unchanged{how}"))
     for name in ("change", "operation", "workload", "winner", "ratio", "verified", "confirmation"):
         table.add_column(name)
-    from farm_coordinator.catalog import workload_label
-
     def spec(r: dict[str, Any]) -> str:
         return workload_label(r["operation"], r["spec"]) if isinstance(r["spec"], dict) else str(r["workload"])[:60]
 

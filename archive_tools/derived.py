@@ -1,9 +1,8 @@
-"""The derived view of a decision: the values ``farm archive inspect`` shows and schema 1 stored as columns.
+"""The derived view of a decision: the values ``farm archive inspect`` and ``farm report`` show.
 
 Everything here is computed from a :class:`DecisionRecord` and its cache key: the key's parts by name, the
 operation, device kind, workload spec, winner and reference names, relative MAD, samples, run and confirmation.
-Schema 1 archives stored these as columns beside ``record_json`` (``farm.stores.archive.v1`` checks that they
-agree); schema 2 stores the record itself and leaves the view to readers.
+An archive stores the record itself and leaves the view to readers.
 """
 
 from __future__ import annotations
@@ -18,15 +17,10 @@ from farm.errors import ArchiveError
 from farm.identity import KEY_VERSION, OperationKey, decode_manifest, manifest
 from farm.keyroster import KeyRoster
 from farm.policy import AccuracyKey
+from farm.stores.archive.schema import KEY_PARTS
 from farm.stores.base import DecisionRecord, canonical_json, key_sha256
 
 _INT32_MAX = 2**31 - 1
-
-# The parts of a cache key (farm.identity.CacheKey), in order, as the derived view names them.
-KEY_PARTS = (
-    "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
-    "manifest", "accuracy_key",
-)
 
 # The derived columns, from the record and three parts of its key, in this order (see derived_scalars).
 SCALAR_COLUMNS = (
@@ -185,21 +179,3 @@ def manifest_names(manifest: str) -> KeyRoster:
         return KeyRoster([c.name for c in decode_manifest(manifest)])
     except ValueError as e:  # UnicodeDecodeError included
         raise ArchiveError(f"the key's candidate manifest cannot be read: {e}") from e
-
-
-def check_ranges(row: dict[str, Any]) -> None:
-    """Refuse out-of-range values of a derived row (ArchiveError naming the column)."""
-    ratio = row["ratio"]
-    if not (_number(ratio) and math.isfinite(ratio) and ratio > 0):
-        raise ArchiveError(f"column 'ratio' = {ratio!r} is out of range (must be finite and > 0)")
-    for name in ("winner_index", "reference_index"):
-        if not (isinstance(row[name], int) and row[name] >= 0):
-            raise ArchiveError(f"column {name!r} = {row[name]!r} is out of range (must be >= 0)")
-    created = row["created"]
-    if not (_number(created) and math.isfinite(created) and created >= 0):
-        raise ArchiveError(f"column 'created' = {created!r} is out of range (must be finite and >= 0)")
-    mad = row["relative_mad"]
-    if mad is not None and not (math.isfinite(mad) and mad >= 0):
-        raise ArchiveError(f"column 'relative_mad' = {mad!r} is out of range (must be null or finite and >= 0)")
-    if row["samples"] is not None and row["samples"] < 0:
-        raise ArchiveError(f"column 'samples' = {row['samples']!r} is out of range (must be null or >= 0)")

@@ -19,7 +19,6 @@ from typing import Any
 
 from farm.atomicfile import fsync_directory, make_temp_directory
 from farm.environment import farm_version, fingerprint_digest
-from farm.stores.archive.derived import check_winner, key_parts, manifest_names
 from farm.stores.archive.schema import (
     ARCHIVE_SCHEMA_VERSION,
     DECISION_COLUMNS,
@@ -42,8 +41,10 @@ from farm.stores.archive.schema import (
     key_hash64,
     record_body,
 )
-from farm.stores.archive.signing import SIGNATURE_FILE, SigningKey
+from farm.stores.archive.signing import SIGNATURE_FILE
 from farm.stores.base import canonical_json
+from farm_archives.derived import check_winner, key_parts, manifest_names
+from farm_archives.signing import SigningKey
 
 _TRIAL_GETTER = operator.itemgetter(*TRIAL_FIELDS)
 

@@ -1,7 +1,7 @@
 """``farm archive export``: the decisions of Redis or a local cache, one archive per fingerprint.
 
 Each fingerprint is read as one consistent snapshot (Redis: one MULTI/EXEC; the local cache: batches of its write
-order) and written by ``farm.stores.archive.write_archive``, signed by the farm's key when one is given (``signer``);
+order) and written by ``farm_archives.writer.write_archive``, signed by the farm's key when one is given (``signer``);
 unreadable stored decisions are skipped and reported.
 """
 
@@ -15,17 +15,12 @@ from typing import Any
 from farm.environment import fingerprint_digest
 from farm.errors import CorruptRecord
 from farm.identity import key_environment
-from farm.stores.archive import (
-    ArchiveEntry,
-    ArchiveError,
-    SigningKey,
-    WrittenArchive,
-    record_text,
-    write_archive,
-)
+from farm.stores.archive.schema import ArchiveEntry, ArchiveError, record_text
 from farm.stores.base import DecisionRecord, key_sha256
 from farm.stores.local import STORE_FILE, LocalStore
 from farm.stores.redis import RedisDecisions
+from farm_archives.signing import SigningKey
+from farm_archives.writer import WrittenArchive, write_archive
 
 
 def signers_key(decisions: RedisDecisions, fingerprint_digest: str) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import ArchiveError
-from farm.stores.archive.checks import per_value
 from farm.stores.archive.schema import TRIAL_FIELDS, TRIAL_TYPES
-from farm.stores.columns import TextColumn
+from farm_archives.checks import per_value
+from farm_archives.columns import TextColumn
 
 _PLAIN = "^[\\x20-\\x7e]*$"  # strings json.dumps writes as they are (after escaping " and \\)
 

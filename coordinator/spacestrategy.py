@@ -1,23 +1,31 @@
 """The farm's search of a tunable set's spaces: a coordinator :class:`~farm_coordinator.strategy.Strategy` around
-``farm.strategies`` (exhaustive, random or bayes, ``max_configs``, ``seed`` from the catalog's [policy]).
+a ``farm.strategies.Sampler`` (exhaustive, random, bayes or local, ``max_configs``, ``seed`` from the catalog's
+[policy]).
 
 The plan names the listed candidates (``plan_groups`` leaves the spaces out when :func:`searches_spaces`); they run
 first, group after group, as with :class:`~farm_coordinator.strategy.PriorityGroups`. Then the spaces are searched,
 each config sent as its own group task named ``s<round>.<position>``, at most ``capacity`` (the live devices of the
 fingerprint) in flight at once:
 
-- a strategy whose proposals do not depend on results (exhaustive, random) is asked for configs whenever a device
+- a sampler whose proposals do not depend on results (exhaustive, random) is asked for configs whenever a device
   is free: its groups are all named ``s0.<position>`` and the configs it proposed are recomputed from a fresh
-  strategy (the same seed gives the same sequence), so a device never waits for the slowest config of a batch;
-- an adaptive strategy (bayes) is searched in rounds: a round asks for ``capacity`` configs; once every group of
+  sampler (the same seed gives the same sequence), so a device never waits for the slowest config of a batch;
+- an adaptive sampler (bayes, local) is searched in rounds: a round asks for ``capacity`` configs; once every group of
   the round has a result the results are told (a ratio, or None for a config that failed or lost) and the next
   round is asked.
 
-The search ends when the strategy has nothing more (its end, or ``max_configs``) or when the budget answered a
-group NOT_TRIED. A config the compile stage rejected (the plan's REJECTED outcomes) is never asked. Pure in its inputs: each ``propose`` builds the strategy afresh and brings it to where the group
+**Fleet priors.** A problem planned with other fingerprints' decisions of its family (``plan.family.fleet_priors``,
+``farm_coordinator.plan``) starts with their best configs (``farm.priors.PriorFirst``): they are sent in rounds of
+their own, ``p<round>.<position>``, at most ``capacity`` at once, each round's results told before the next is
+asked (the priors' weights follow this device's results, so a misleading source is muted after a round or two);
+the sampler adopts them (never proposes them again; they count toward ``max_configs``) and is told their results.
+When the priors propose nothing more, the sampler's own groups follow as above.
+
+The search ends when the sampler has nothing more (its end, or ``max_configs``) or when the budget answered a
+group NOT_TRIED. A config the compile stage rejected (the plan's REJECTED outcomes) is never asked. Pure in its inputs: each ``propose`` builds the sampler afresh and brings it to where the group
 names and results show (``farm.strategies.replay`` for rounds), so a coordinator killed mid-search and restarted
 asks the same groups again and reuses their stored results (``coordinator/run.py`` looks stored results up
-before it sends a strategy's group); a config asked before the kill whose result never came is asked again.
+before it sends a sampler's group); a config asked before the kill whose result never came is asked again.
 """
 
 from __future__ import annotations
@@ -28,11 +36,11 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from farm.policy import StackPolicy
+from farm.priors import PriorFirst
 from farm.roster import Roster
 from farm.scoring import judge
 from farm.spacesearch import covered_positions
-from farm.strategies import Strategy as FarmStrategy
-from farm.strategies import make_strategy, replay
+from farm.strategies import Sampler, make_sampler, replay
 from farm.trials import TrialVerdict
 from farm.tunable import TunableSet
 from farm_coordinator.plan import PlannedProblem, searches_spaces
@@ -41,6 +49,7 @@ from farm_coordinator.strategy import PRIORITY_GROUPS, Ask, Strategy
 from farm_fleet.protocol import STATUS_NOT_TRIED, STATUS_OK, GroupResult
 
 _GROUP = re.compile(r"s(\d+)\.(\d+)\Z")
+_PRIOR_GROUP = re.compile(r"p(\d+)\.(\d+)\Z")
 _TIMED = (TrialVerdict.PASSED, TrialVerdict.UNVERIFIED)
 
 
@@ -61,6 +70,22 @@ def parse_group(name: str) -> tuple[int, int] | None:
     """(round, position) of a space search's group name, or None for another group."""
     match = _GROUP.match(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def prior_group(round_no: int, position: int) -> str:
+    """The group of one config the fleet priors proposed: ``p0.1042`` (their round 0, roster position 1042)."""
+    return f"p{round_no}.{position}"
+
+
+def parse_prior_group(name: str) -> tuple[int, int] | None:
+    """(round, position) of a priors' group name, or None for another group."""
+    match = _PRIOR_GROUP.match(name)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def searched(name: str) -> bool:
+    """Whether ``name`` is a space search's group (the sampler's or the priors')."""
+    return parse_group(name) is not None or parse_prior_group(name) is not None
 
 
 def _roster(operation: str, device_kind: str) -> Roster:
@@ -87,6 +112,16 @@ def excluded_positions(roster: Roster, plan: PlannedProblem) -> Callable[[int], 
     return lambda position: covered(position) or roster.names[position] in names
 
 
+def _replayed(prior: PriorFirst, rounds: Sequence[Sequence[tuple[int, float | None]]]) -> bool:
+    """Bring ``prior`` through its stored rounds (each re-asked, then told); False at the first round it would not
+    ask again."""
+    for told in rounds:
+        if sorted(prior.lead(len(told))) != sorted(p for p, _ in told):
+            return False
+        prior.tell(told)
+    return True
+
+
 class SpaceSearch:
     """The listed candidates' groups, then the spaces in rounds; see the module docstring. ``rosters``: how a
     problem's roster is found (default: the kernel registry's tunable set for the operation and device kind)."""
@@ -104,10 +139,21 @@ class SpaceSearch:
         roster = self.rosters(plan.tasks[0].operation, plan.tasks[0].device_kind)
         if not roster.has_spaces:
             return ()
-        strategy = make_strategy(roster, self.policy, excluded_positions(roster, plan))
+        def fresh() -> Sampler:
+            return make_sampler(roster, self.policy, excluded_positions(roster, plan))
+
+        sampler = fresh()
+        adaptive = sampler.adaptive
+        sources = plan.family.fleet_priors if plan.family is not None else ()
+        if sources:
+            led = self._led(roster, PriorFirst(sampler, roster, sources, self.policy.max_configs, roster.names[0]),
+                            fresh, results, in_flight, capacity)
+            if not isinstance(led, PriorFirst):
+                return led  # the priors' next round, or nothing while one is out
+            sampler = led
         pending = [g for g in in_flight if parse_group(g) is not None]
-        if not strategy.adaptive:
-            return self._free(roster, strategy, results, pending, capacity)
+        if not adaptive:
+            return self._free(roster, sampler, results, pending, capacity)
         if pending:
             return ()  # wait for the round
         rounds: dict[int, list[tuple[int, float | None]]] = {}
@@ -118,37 +164,65 @@ class SpaceSearch:
         if sorted(rounds) != list(range(len(rounds))):
             return ()  # a gap: these results are not this search's
         try:
-            strategy = replay(strategy, [rounds[r] for r in range(len(rounds))])
+            sampler = replay(sampler, [rounds[r] for r in range(len(rounds))])
         except (ValueError, IndexError):
             return ()  # stored rounds of another roster, policy or seed: nothing more to ask
-        asks = strategy.ask(max(1, capacity))
+        asks = sampler.ask(max(1, capacity))
         return [Ask(group_name(len(rounds), p), ((roster.names[p], roster[p].revision),)) for p in asks]
 
+    def _led(self, roster: Roster, prior: PriorFirst, fresh: Callable[[], Sampler],
+             results: Mapping[str, GroupResult], in_flight: Collection[str], capacity: int) -> PriorFirst | Sequence[Ask]:
+        """The priors' phase: ``prior`` brought to where the stored ``p`` rounds left it (each re-asked and told),
+        then their next round; ``prior`` itself once they propose nothing more (the sampler's turn, for good).
+        Nothing while a round is out. Stored rounds the priors would not ask again (a coordinator restarted after
+        the fleet published another decision of the family, or one whose round was cut short) end the priors'
+        phase: a ``fresh()`` sampler adopts and is told every stored priors' config, and takes over."""
+        if any(parse_prior_group(g) is not None for g in in_flight):
+            return ()
+        rounds: dict[int, list[tuple[int, float | None]]] = {}
+        for group, result in results.items():
+            parsed = parse_prior_group(group)
+            if parsed is not None:
+                rounds.setdefault(parsed[0], []).append((parsed[1], self.ratio(roster, parsed[1], result)))
+        ordered = [rounds[r] for r in sorted(rounds)]
+        if sorted(rounds) != list(range(len(rounds))) or not _replayed(prior, ordered):
+            inner = fresh()
+            stored = [result for told in ordered for result in told]
+            inner.adopt([p for p, _ in stored])
+            inner.tell(stored)
+            done = PriorFirst(inner, roster, (), self.policy.max_configs, roster.names[0])
+            done.lead(1)  # no sources: done at once
+            return done
+        asks = prior.lead(max(1, capacity))
+        if not asks:
+            return prior
+        return [Ask(prior_group(len(rounds), p), ((roster.names[p], roster[p].revision),)) for p in asks]
+
     @staticmethod
-    def _free(roster: Roster, strategy: FarmStrategy, results: Mapping[str, GroupResult], pending: Sequence[str],
+    def _free(roster: Roster, sampler: Sampler, results: Mapping[str, GroupResult], pending: Sequence[str],
               capacity: int) -> Sequence[Ask]:
-        """A non-adaptive strategy's next configs for the free devices: those it proposed that have neither a
+        """A non-adaptive sampler's next configs for the free devices: those it proposed that have neither a
         result nor a group in flight (asked before a restart), then new ones."""
         free = max(1, capacity) - len(pending)
         if free <= 0:
             return ()
         known = {parsed[1] for g in (*results, *pending) if (parsed := parse_group(g)) is not None}
-        # The strategy's sequence up to every known config: at most ``capacity`` configs were in flight when a
+        # The sampler's sequence up to every known config: at most ``capacity`` configs were in flight when a
         # coordinator stopped, so the holes are few; beyond that the groups are another search's.
         proposed: list[int] = []
         while (missing := len(known - set(proposed))) and len(proposed) <= len(known) + 2 * max(1, capacity):
-            more = strategy.ask(missing)
+            more = sampler.ask(missing)
             if not more:
                 break
             proposed += more
         if not known <= set(proposed):
             return ()  # groups of another roster, policy or seed: nothing more to ask
         asks = [p for p in proposed if p not in known][:free]
-        asks += strategy.ask(free - len(asks)) if len(asks) < free else []
+        asks += sampler.ask(free - len(asks)) if len(asks) < free else []
         return [Ask(group_name(0, p), ((roster.names[p], roster[p].revision),)) for p in asks]
 
     def ratio(self, roster: Roster, position: int, result: GroupResult) -> float | None:
-        """What the strategy is told of one config: its judged ratio, None when it failed or was not timed."""
+        """What the sampler is told of one config: its judged ratio, None when it failed or was not timed."""
         if result.status != STATUS_OK:
             return None
         name = roster.names[position]
@@ -161,7 +235,7 @@ class SpaceSearch:
 class RaceSearch(SpaceSearch):
     """A :class:`SpaceSearch` under ``screening = "race"`` (docs/farm.md, "Racing on the farm"): the same configs
     in the same groups, each sent with the incumbent and the noise of the race the stored results show
-    (``farm_coordinator.racing.race_state``), the strategy told each config's estimated ratio to the reference;
+    (``farm_coordinator.racing.race_state``), the sampler told each config's estimated ratio to the reference;
     once the space search proposes nothing more (its end, ``max_configs`` or the budget) and no config is in
     flight, the incumbent other than the reference gets its full trials against the reference in one final group
     (``final.<position>``, sent even when the budget is spent), unless a listed candidate's full verdict made it
@@ -182,7 +256,7 @@ class RaceSearch(SpaceSearch):
             assert position is not None, race.incumbent
             incumbent = (race.incumbent, roster[position].revision)
             return [dataclasses.replace(a, incumbent=incumbent, noise=race.noise) for a in asks]
-        if any(parse_group(g) is not None for g in in_flight) or race.incumbent == roster.names[0] or race.seeded:
+        if any(searched(g) for g in in_flight) or race.incumbent == roster.names[0] or race.seeded:
             return ()  # configs still racing, or no final trials to take
         position = roster.position(race.incumbent)
         assert position is not None, race.incumbent
@@ -190,7 +264,7 @@ class RaceSearch(SpaceSearch):
 
 
 class _Told(SpaceSearch):
-    """A SpaceSearch whose strategy is told the race's estimated ratios to the reference."""
+    """A SpaceSearch whose sampler is told the race's estimated ratios to the reference."""
 
     def __init__(self, policy: StackPolicy, rosters: Callable[[str, str], Roster],
                  estimates: Mapping[str, float | None]) -> None:

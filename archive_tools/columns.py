@@ -1,7 +1,7 @@
 """A column of texts held as Arrow arrays: what an archive import publishes without a Python object per value.
 
 An import verifies an archive's decisions column-wise, and the texts it publishes (record texts, trial rows) come
-out of that as Arrow arrays. :class:`TextColumn` keeps them so: Redis packing (``farm.stores.redis_batch``) takes a
+out of that as Arrow arrays. :class:`TextColumn` keeps them so: Redis packing (``farm_archives.redis_import``) takes a
 range of rows as one Arrow array and sends its data as it is; the local cache takes a range as Python strings, a
 part at a time. Everywhere else it is an ordinary sequence of ``str``. pyarrow is imported lazily.
 """

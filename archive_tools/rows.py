@@ -6,7 +6,7 @@ JSON ``record_body`` gives, strings escaped as json.dumps escapes them), then ea
 loop: the key's sha256 against ``key_hash``, the key's manifest and accuracy parts (once per distinct value), the
 winner in the manifest, and the sha256 of the record text against the stored ``checksum`` (the whole batch's
 sums compared at once; the first failing row is named). ``meta_json`` is checked by Arrow's JSON reader on a
-thread beside this loop (:class:`MetaChecks`). The trial rows become JSON in ``farm.stores.archive.trialjson``.
+thread beside this loop (:class:`MetaChecks`). The trial rows become JSON in ``farm_archives.trialjson``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from typing import Any
 
 from farm.errors import ArchiveError
 from farm.keyroster import KeyRoster
-from farm.stores.archive.checks import (
+from farm.stores.archive.schema import _encode_string, _short
+from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
+from farm_archives.checks import (
     check_decision_ranges,
     check_key_version,
     check_order,
@@ -29,10 +31,8 @@ from farm.stores.archive.checks import (
     needs_escape,
     per_value,
 )
-from farm.stores.archive.derived import canonical_accuracy, canonical_manifest, manifest_names, winner_problem
-from farm.stores.archive.schema import _encode_string, _short
-from farm.stores.base import SCHEMA_VERSION, DecisionRecord, PublicationBatch, event_run
-from farm.stores.columns import TextColumn
+from farm_archives.columns import TextColumn
+from farm_archives.derived import canonical_accuracy, canonical_manifest, manifest_names, winner_problem
 
 
 @dataclass

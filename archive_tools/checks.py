@@ -13,21 +13,7 @@ from typing import Any
 
 from farm.errors import ArchiveError
 from farm.identity import KEY_VERSION
-from farm.stores.archive.schema import KEY_PARTS, _short
-
-
-def check_keys(path: Path, keys: Any, at: int, previous: str | None) -> str | None:
-    """Schema 1, columnar: every ``key_sha256`` is 64 lowercase hex digits and greater than the one before it
-    (the writer sorts them: a repeat is a duplicate key). Returns the last key."""
-    import pyarrow.compute as pc
-
-    if len(keys) == 0:
-        return previous
-    bad = pc.invert(pc.match_substring_regex(keys, "^[0-9a-f]{64}$"))
-    if pc.any(bad).as_py():
-        i = pc.index(bad, True).as_py()
-        raise ArchiveError(f"{path}: row {at + i}: column 'key_sha256' = {_short(keys[i].as_py())} is not a sha256")
-    return check_order(path, keys, at, previous, lambda key: key[:12])
+from farm.stores.archive.schema import _short
 
 
 def check_order(path: Path, keys: Any, at: int, previous: str | None,
@@ -52,18 +38,6 @@ def check_order(path: Path, keys: Any, at: int, previous: str | None,
     what = "duplicate key" if key == before else "keys out of order (the writer sorts them)"
     name = label(key) if label is not None else hashlib.sha256(key.encode()).hexdigest()[:12]
     raise ArchiveError(f"{path}: row {at + i} (key {name}): {what}: refused")
-
-
-def check_key_parts(path: Path, batch: Any, at: int) -> None:
-    """Schema 1, columnar: the key-part columns, length-delimited and joined, are exactly column ``cache_key``."""
-    import pyarrow.compute as pc
-
-    joined = join_fields([batch.column(name) for name in KEY_PARTS])
-    wrong = pc.fill_null(pc.not_equal(joined, batch.column("cache_key")), True)
-    i = pc.index(wrong, True).as_py()
-    if i >= 0:
-        raise ArchiveError(f"{path}: row {at + i}: the key-part columns ({', '.join(KEY_PARTS)}) disagree with "
-                           f"column 'cache_key'")
 
 
 def per_value(column: Any, function: Callable[[Any], Any]) -> Any:
@@ -159,7 +133,7 @@ def check_key_version(path: Path, batch: Any, at: int) -> None:
 
 def check_decision_ranges(path: Path, batch: Any, at: int, label: Callable[[int], str]) -> None:
     """Columnar range checks of a batch of decision rows (ArchiveError naming the first bad row); ``label(i)``
-    names row i's key. Checks ``relative_mad`` and ``samples`` where the schema has them (schema 1)."""
+    names row i's key."""
     import pyarrow.compute as pc
 
     def refuse(name: str, ok: Any, rule: str) -> None:
@@ -174,9 +148,3 @@ def check_decision_ranges(path: Path, batch: Any, at: int, label: Callable[[int]
     refuse("winner_index", pc.greater_equal(batch.column("winner_index"), 0), "must be >= 0")
     refuse("reference_index", pc.greater_equal(batch.column("reference_index"), 0), "must be >= 0")
     refuse("created", pc.and_(pc.is_finite(created), pc.greater_equal(created, 0.0)), "must be finite and >= 0")
-    if "relative_mad" in batch.schema.names:
-        mad = batch.column("relative_mad")
-        refuse("relative_mad", pc.or_kleene(pc.is_null(mad), pc.and_(pc.is_finite(mad), pc.greater_equal(mad, 0.0))),
-               "must be null or finite and >= 0")
-        samples = batch.column("samples")
-        refuse("samples", pc.or_kleene(pc.is_null(samples), pc.greater_equal(samples, 0)), "must be null or >= 0")
