@@ -1,9 +1,8 @@
 """The runtime adapter: one process-wide controller and ``try_execute_stack``, the seed's full-stack path.
 
 A memory hit costs a signature, two dict lookups and the call: no synchronization, readback or retiming. A miss
-tunes through :class:`RuntimeTrials` (fenced, exclusive, fresh inputs per trial). The live request then runs ONCE
-with the chosen candidate; if it fails, the decision is invalidated and the candidate banned, and the error is
-re-raised: the request is never replayed on another kernel.
+tunes through :class:`RuntimeTrials` (fenced, exclusive, fresh inputs per trial). The live request then runs
+ONCE (docs/contract.md, "Execution and invalidation").
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import functools
 import gc
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,6 +19,7 @@ from farm.arrays import OutputCheck, compare_outputs
 from farm.engine import Request, StackTuner, Validation, tuning_scope
 from farm.environment import runtime_environment
 from farm.errors import TuneFailure
+from farm.feedback import FleetReporter
 from farm.identity import Candidate, OperationKey, Problem, Scope
 from farm.interference import nvml_throttle_probe
 from farm.policy import MemoryEviction, StackPolicy, Timing, Tolerance
@@ -31,30 +31,23 @@ _global: StackTuner | None = None
 _global_lock = threading.Lock()
 
 
-def enable_stack_autotune(
-    policy: StackPolicy,
-    cache_directory: Path | str | None = None,
-    memory_eviction: MemoryEviction = MemoryEviction.FIFO,
-    fleet: Sequence[DecisionStore | str | Path] = (),
-    fleet_write_through: bool = True,
-    report_to: str | None = None,
-) -> StackTuner:
+def enable_stack_autotune(policy: StackPolicy, cache_directory: Path | str | None = None,
+                          memory_eviction: MemoryEviction = MemoryEviction.FIFO,
+                          fleet: Sequence[DecisionStore | str | Path] = (), fleet_write_through: bool = True,
+                          report_to: str | None = None) -> StackTuner:
     """Install the process's controller, once, before worker threads start. A second call is INVALID_INPUT.
 
-    ``fleet``: read-only tiers after the disk (stores, Redis URLs, archive directories; see StackTuner);
-    ``fleet_write_through``: copy validated fleet hits into ``cache_directory``; ``report_to``: a Redis URL (the
-    write-only ``reporter`` user) to report fleet misses and regressions to (farm.feedback; off by default)."""
+    The other arguments are :class:`StackTuner`'s; ``report_to``: a Redis URL (the write-only ``reporter``
+    user) to report fleet misses and regressions to (farm.feedback; off by default)."""
     global _global
     with _global_lock:
         if _global is not None:
             raise TuneFailure.invalid("stack autotuning was already configured")
         tuner = StackTuner(policy, cache_directory, memory_eviction, fleet, fleet_write_through)
         if report_to is not None:
-            from farm.feedback import FleetReporter
-
             tuner.feedback = FleetReporter(report_to)
         _global = tuner
-        return _global
+        return tuner
 
 
 def stack_autotuner() -> StackTuner | None:
@@ -63,8 +56,7 @@ def stack_autotuner() -> StackTuner | None:
 
 
 def stored_tiers(tuner: StackTuner) -> tuple[DecisionStore, ...]:
-    """A controller's persistent tiers in lookup order, its disk cache then the fleet's: for adapters that serve
-    its decisions without trials (farm_triton)."""
+    """A controller's persistent tiers in lookup order, disk then fleet (for farm_triton: no trials)."""
     disk = tuner._disk  # the controller's own stores: read-only use, same package
     return ((disk,) if disk is not None else ()) + tuner._fleet
 
@@ -95,20 +87,19 @@ def complete(client: ComputeClient) -> None:
 
 class RuntimeTrials:
     """A :class:`~farm.runner.TrialRunner` over a tunable set on a real client, with both optional capabilities
-    (``farm.runner``): ``last_check`` keeps the latest output comparison (errors seen), ``throttle_probe`` asks
-    NVML on a CUDA client. ``indices`` maps the controller's candidate positions to the set's implementations."""
+    (``farm.runner``). ``indices`` maps the controller's candidate positions to the set's implementations."""
 
-    def __init__(self, client: ComputeClient, tunable: TunableSet, inputs: Inputs, indices: Sequence[int], timing: Timing) -> None:
+    def __init__(self, client: ComputeClient, tunable: TunableSet, inputs: Inputs, indices: Sequence[int],
+                 timing: Timing) -> None:
         self.client = client
         self.tunable = tunable
         self.inputs = inputs
         self.indices = indices
         self.timing = timing
         self.last_check: OutputCheck | None = None
-        # The cost of the trials so far: every run on the device (validation, warm-ups, timed runs), in seconds.
-        self.device_seconds = 0.0
+        self.device_seconds = 0.0  # every run on the device so far (validation, warm-ups, timed runs)
         self._expected: tuple[int, Any] | None = None  # the reference's output: computed once, compared many times
-        # Everything else is worked out on the first trial: a memory hit builds this runner and never runs one.
+        # The rest is worked out on the first trial: a memory hit builds this runner and never runs one.
 
     @functools.cached_property
     def throttle_probe(self) -> Callable[[], bool] | None:
@@ -117,13 +108,8 @@ class RuntimeTrials:
 
     @functools.cached_property
     def simulated(self) -> bool:
-        """A simulated device (farm.replay) has only device time: its END_TO_END timing is its profile too, and
-        this process's context switches do not disturb it (farm.interference)."""
+        """A simulated device (farm.replay): END_TO_END is its profile too; no context switch disturbs it."""
         return bool(getattr(self.client, "simulated", False))
-
-    @functools.cached_property
-    def _profiled(self) -> bool:
-        return self.timing is Timing.DEVICE or self.simulated
 
     def _run(self, index: int, inputs: Inputs, fn: Callable[..., Any] | None = None) -> Any:
         fn = self.tunable[index].fn if fn is None else fn
@@ -133,7 +119,7 @@ class RuntimeTrials:
                 return fn(*inputs)
 
         try:
-            if self._profiled:
+            if self.timing is Timing.DEVICE or self.simulated:
                 out, elapsed = self.client.profile(call)
             else:
                 start = time.perf_counter()
@@ -153,14 +139,13 @@ class RuntimeTrials:
         """Seconds the client spent compiling the configs it ran (a client that compiles says so; else 0)."""
         return float(getattr(self.client, "compile_seconds", 0.0))
 
-    def _fresh_inputs(self) -> Inputs:
-        # On the client's device and stream, so the copies are ordered before the candidate and fenced below.
+    def _fresh_inputs(self) -> Inputs:  # on the client's stream: ordered before the candidate, fenced after
         with self.client.activate():
             return self.tunable.generate_inputs(self.inputs)
 
     def validate(self, reference: int, candidate: int, tolerance: Tolerance) -> Validation:
-        """Compare a fresh run of ``candidate`` with the reference's output for the same inputs. The reference's
-        output is computed once per runner and reused (inputs are regenerated from the same values each time)."""
+        """Compare a fresh run of ``candidate`` with the reference's output (computed once per runner) for the
+        same inputs, regenerated from the same values each time."""
         b = self._fresh_inputs()
         a = self._fresh_inputs() if self._expected is None or self._expected[0] != reference else None
         complete(self.client)
@@ -170,9 +155,7 @@ class RuntimeTrials:
             if a is not None:
                 self._expected = (reference, self._run(self.indices[reference], a))
             assert self._expected is not None
-            expected = self._expected[1]
-            actual = self._run(self.indices[candidate], b)
-            check = compare_outputs(expected, actual, tolerance)
+            check = compare_outputs(self._expected[1], self._run(self.indices[candidate], b), tolerance)
             # Readback can launch kernels too: fence before accepting a verdict or freeing trial state.
             complete(self.client)
         self.last_check = check
@@ -193,14 +176,12 @@ class RuntimeTrials:
                 complete(self.client)
                 before = self.device_seconds
                 fn = self.tunable[index].fn  # a space config's function is built here, outside the timed call
-                if self._profiled:
-                    out = self._run(index, inputs, fn)
-                else:  # END_TO_END: the fence after the run is part of the time
-                    start = time.perf_counter()
-                    out = self._run(index, inputs, fn)
+                start = time.perf_counter()
+                out = self._run(index, inputs, fn)
+                if not (self.timing is Timing.DEVICE or self.simulated):  # END_TO_END: the fence is timed too
                     self.device_seconds = before + time.perf_counter() - start
                 elapsed = self.device_seconds - before
-                del out
+                del out  # freed once the clock has stopped, inside the exclusive scope
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -212,7 +193,7 @@ class Prepared(NamedTuple):
 
     request: Request
     indices: Sequence[int]
-    fns: Sequence[Callable[..., Any]]
+    fns: Sequence[Callable[..., Any]] | Mapping[int, Callable[..., Any]]  # by candidate position
     calls: list[int]  # item 0 counts this workload's calls: the fleet reporter's counter (farm.feedback)
 
 
@@ -220,19 +201,14 @@ def problem_for(name: str, device_id: str, client: ComputeClient, tunable: Tunab
     """The problem ``try_execute_stack`` tunes: a name with "fusion" is a GRAPH; the operation is name + device
     kind + the set's checksum (a device class, never an index)."""
     env = runtime_environment(client)
-    return Problem(
-        scope=Scope.GRAPH if "fusion" in name else Scope.OPERATOR,
-        operation=OperationKey(name, device_id.partition(":")[0], tunable.checksum()).encode(),
-        environment=env.fingerprint,
-        workload=tunable.stack_workload(inputs),
-        execution_context=env.execution_context,
-        persistent=env.persistent,
-    )
+    return Problem(scope=Scope.GRAPH if "fusion" in name else Scope.OPERATOR,
+                   operation=OperationKey(name, device_id.partition(":")[0], tunable.checksum()).encode(),
+                   environment=env.fingerprint, workload=tunable.stack_workload(inputs),
+                   execution_context=env.execution_context, persistent=env.persistent)
 
 
-def stack_request(
-    name: str, device_id: str, client: ComputeClient, tunable: TunableSet, inputs: Inputs
-) -> tuple[Problem, Sequence[Candidate], Sequence[int]]:
+def stack_request(name: str, device_id: str, client: ComputeClient, tunable: TunableSet,
+                  inputs: Inputs) -> tuple[Problem, Sequence[Candidate], Sequence[int]]:
     """The problem, the candidate list (reference first, then every planned group) and the implementation index
     of each candidate: exactly what ``try_execute_stack`` tunes, so farm workers compute the same cache key.
     A set with spaces gives its lazy :class:`farm.roster.Roster` and the roster's lazy indices."""
@@ -259,14 +235,16 @@ def prepare(tuner: StackTuner, name: str, device_id: str, client: ComputeClient,
         request = request._replace(nearest=False)
     calls = [0, 0]
     if tuner.feedback is not None:  # once per workload, off the hit path: what a fleet report says this key is
-        tuner.feedback.describe(problem, request.key, name, client.device_kind, _spec(tunable, inputs))
+        try:  # the workload spec of live inputs (the inverse of build); None: reported by signature
+            spec = None if tunable.spec_from_inputs is None else tunable.spec_from_inputs(inputs)
+        except Exception:
+            spec = None
+        tuner.feedback.describe(problem, request.key, name, client.device_kind, spec)
         counter = getattr(tuner.feedback, "counter", None)  # FleetReporter: this workload's calls, for weights
         if counter is not None:
             calls = counter(request.key)
-    if tunable.spaces:
-        built = Prepared(request, order, _Functions(tunable, order), calls)
-    else:
-        built = Prepared(request, tuple(order), tuple(tunable[i].fn for i in order), calls)
+    fns = _Functions(tunable, order) if tunable.spaces else tuple(tunable[i].fn for i in order)
+    built = Prepared(request, order, fns, calls)
     with tunable.prepared_lock:
         if len(tunable.prepared) >= 4096:
             tunable.prepared.pop(next(iter(tunable.prepared)))
@@ -287,9 +265,8 @@ def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     prepared = prepare(tuner, name, device_id, client, tunable_set, args)
     prepared.calls[0] += 1  # the fleet's call count of this workload (weights): one list item, no lock
-    decision = tuner.select_request(
-        prepared.request, RuntimeTrials(client, tunable_set, args, prepared.indices, tuner.policy.timing)
-    )
+    runner = RuntimeTrials(client, tunable_set, args, prepared.indices, tuner.policy.timing)
+    decision = tuner.select_request(prepared.request, runner)
     try:
         return prepared.fns[decision.index](*args)
     except Exception:
@@ -297,33 +274,14 @@ def try_execute_stack(name: str, device_id: str, client: ComputeClient, tunable_
         raise
 
 
-class _Functions(Sequence[Callable[..., Any]]):
-    """The function of each candidate position of a set with spaces, built on demand and kept for the positions
-    used (a hit calls the same few), bounded."""
+class _Functions(dict[int, Callable[..., Any]]):
+    """The function of each candidate position of a set with spaces, built on first use (at most 256 kept)."""
 
     def __init__(self, tunable: TunableSet, indices: Sequence[int]) -> None:
         self._tunable, self._indices = tunable, indices
-        self._built: dict[int, Callable[..., Any]] = {}
 
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def __getitem__(self, position: Any) -> Any:
-        fn = self._built.get(position)
-        if fn is None:
-            fn = self._tunable[self._indices[position]].fn
-            if len(self._built) >= 256:
-                self._built.clear()
-            self._built[position] = fn
+    def __missing__(self, position: int) -> Callable[..., Any]:
+        if len(self) >= 256:
+            self.clear()
+        fn = self[position] = self._tunable[self._indices[position]].fn
         return fn
-
-
-def _spec(tunable: TunableSet, inputs: Inputs) -> dict[str, Any] | None:
-    """The workload spec of live inputs (the operation's inverse of build), or None (reported by signature)."""
-    inverse = tunable.spec_from_inputs
-    if inverse is None:
-        return None
-    try:
-        return inverse(inputs)
-    except Exception:
-        return None

@@ -1,7 +1,6 @@
 """Arrays across NumPy and CuPy: exact signatures, layout-preserving clones, readback and output comparison.
 
-Nothing here imports CuPy: device arrays are recognised by ``__cuda_array_interface__`` and read back with their
-own ``.get()``.
+Nothing here imports CuPy: a device array has ``__cuda_array_interface__`` and is read back by its ``.get()``.
 """
 
 from __future__ import annotations
@@ -58,10 +57,8 @@ def array_key(*args: object) -> tuple[object, ...]:
 
 def clone(value: Any) -> Any:
     """A fresh copy with the same dtype, shape AND strides (a non-contiguous view stays a strided view)."""
-    if isinstance(value, tuple):
-        return tuple(clone(v) for v in value)
-    if isinstance(value, list):
-        return [clone(v) for v in value]
+    if isinstance(value, (tuple, list)):
+        return (tuple if isinstance(value, tuple) else list)(clone(v) for v in value)
     if not is_array(value):
         return value
     if value.flags.c_contiguous or value.flags.f_contiguous:
@@ -95,27 +92,19 @@ def _restride(value: np.ndarray) -> np.ndarray:
 
 
 def to_host(value: Any) -> np.ndarray:
-    if hasattr(value, "__cuda_array_interface__"):
-        return np.asarray(value.get())
-    return np.asarray(value)
-
-
-def leaves(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)):
-        return [leaf for v in value for leaf in leaves(v)]
-    return [value]
+    return np.asarray(value.get() if hasattr(value, "__cuda_array_interface__") else value)
 
 
 def nbytes(value: Any) -> int:
-    return sum(int(getattr(leaf, "nbytes", 8)) for leaf in leaves(value))
+    if isinstance(value, (tuple, list)):
+        return sum(nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 8))
 
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """The comparison of a candidate's output with the reference's.
-
-    ``supported`` False: too large to read back (validation UNSUPPORTED). ``problem`` is set when the output is
-    wrong (shape, dtype, structure, non-finite values or out of tolerance)."""
+    """A candidate's output compared with the reference's. ``supported`` False: too large to read back
+    (validation UNSUPPORTED); ``problem``: why it is wrong (shape, dtype, structure, NaN/Inf, tolerance)."""
 
     supported: bool
     problem: str | None
@@ -134,46 +123,43 @@ def compare_outputs(expected: Any, actual: Any, tolerance: Tolerance) -> OutputC
     return _compare(expected, actual, tolerance, "output")
 
 
+def _wrong(problem: str) -> OutputCheck:
+    return OutputCheck(True, problem, math.nan, math.nan)
+
+
 def _compare(expected: Any, actual: Any, tol: Tolerance, where: str) -> OutputCheck:
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
-            return OutputCheck(True, f"{where}: expected a sequence of {len(expected)}, got {_describe(actual)}", math.nan, math.nan)
-        worst = OutputCheck(True, None, 0.0, 0.0)
+            return _wrong(f"{where}: expected a sequence of {len(expected)}, got {_describe(actual)}")
+        max_abs = max_rel = 0.0
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             check = _compare(e, a, tol, f"{where}[{i}]")
             if check.problem is not None:
                 return check
-            worst = OutputCheck(True, None, max(worst.max_abs_error, check.max_abs_error), max(worst.max_rel_error, check.max_rel_error))
-        return worst
-    if is_array(expected) != is_array(actual) and is_array(expected):
-        return OutputCheck(True, f"{where}: expected an array, got {_describe(actual)}", math.nan, math.nan)
-    e = to_host(expected)
-    a = to_host(actual)
+            max_abs, max_rel = max(max_abs, check.max_abs_error), max(max_rel, check.max_rel_error)
+        return OutputCheck(True, None, max_abs, max_rel)
+    if is_array(expected) and not is_array(actual):
+        return _wrong(f"{where}: expected an array, got {_describe(actual)}")
+    e, a = to_host(expected), to_host(actual)
     if e.shape != a.shape:
-        return OutputCheck(True, f"{where}: shape {a.shape} != reference shape {e.shape}", math.nan, math.nan)
+        return _wrong(f"{where}: shape {a.shape} != reference shape {e.shape}")
     if e.dtype != a.dtype:
-        return OutputCheck(True, f"{where}: dtype {a.dtype} != reference dtype {e.dtype}", math.nan, math.nan)
-    if a.dtype.kind in "fc":
-        if not np.all(np.isfinite(a)):
-            return OutputCheck(True, f"{where}: contains NaN or Inf", math.nan, math.nan)
-        if not np.all(np.isfinite(e)):
-            return OutputCheck(True, f"{where}: the reference output contains NaN or Inf", math.nan, math.nan)
+        return _wrong(f"{where}: dtype {a.dtype} != reference dtype {e.dtype}")
+    if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+        return _wrong(f"{where}: contains NaN or Inf")
+    if a.dtype.kind in "fc" and not np.all(np.isfinite(e)):
+        return _wrong(f"{where}: the reference output contains NaN or Inf")
     if a.size == 0:
         return OutputCheck(True, None, 0.0, 0.0)
     e64 = e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)
-    diff = np.abs(a.astype(e64.dtype) - e64)
-    scale = np.abs(e64)
+    diff, scale = np.abs(a.astype(e64.dtype) - e64), np.abs(e64)
     max_abs = float(diff.max())
     max_rel = float((diff / np.maximum(scale, np.finfo(np.float64).tiny)).max())
+    problem = None
     if not np.all(diff <= tol.absolute + tol.relative * scale):
-        return OutputCheck(
-            True,
-            f"{where}: values differ beyond tolerance (max abs error {max_abs:.3g}, max rel error {max_rel:.3g}; "
-            f"absolute {tol.absolute:g}, relative {tol.relative:g})",
-            max_abs,
-            max_rel,
-        )
-    return OutputCheck(True, None, max_abs, max_rel)
+        problem = (f"{where}: values differ beyond tolerance (max abs error {max_abs:.3g}, max rel error "
+                   f"{max_rel:.3g}; absolute {tol.absolute:g}, relative {tol.relative:g})")
+    return OutputCheck(True, problem, max_abs, max_rel)
 
 
 def _describe(value: Any) -> str:

@@ -1,8 +1,6 @@
 """Atomic file writes: temp file in the same directory, fsync, rename, fsync the directory.
 
-Files and folders follow the process umask (0644 and 0755 under umask 022), as ``open`` and ``mkdir`` would
-create them, not the private 0600/0700 of ``mkstemp``/``mkdtemp``: another user sharing a cache or an archive
-reads it as the umask allows."""
+Files and folders get the umask's modes (as ``open``/``mkdir`` would), not ``mkstemp``'s private 0600/0700."""
 
 from __future__ import annotations
 
@@ -32,27 +30,20 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def fsync_directory(directory: Path) -> None:
     """Make a rename in ``directory`` durable (no-op where directories cannot be opened)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def umask() -> int:
     """The process umask, read without changing it where Linux tells (``/proc/self/status``)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -16,13 +16,9 @@ from farm.identity import fields
 
 def code_text(fn: Callable[..., Any]) -> str:
     """The source of ``fn`` without its decorators (or :func:`code_object_text` when no source is available),
-    the same in every process. A ``functools.partial`` is its function's text plus its bound arguments; a callable
-    object is its class's source. Raises INVALID_INPUT when no process-independent text exists.
-
-    Decorators are left out because the registering one carries the space's value lists
-    (``@set.space(block=[16, 32])``): a grown list must keep the code identity, as it does when the space is
-    declared ``set.space(...)(fn)``. A decorator that changes what the function does is declared with
-    ``identity=`` or ``revision=``, like a helper the function calls."""
+    the same in every process. A ``functools.partial`` is its function's text plus its bound arguments; a
+    callable object is its class's source. Raises INVALID_INPUT when no process-independent text exists.
+    Decorators are left out so a grown space keeps its code identity (docs/kernels.md, "Identity")."""
     target = inspect.unwrap(fn)
     if isinstance(target, functools.partial):
         bound = repr(target.args) + repr(sorted(target.keywords.items()))
@@ -47,22 +43,18 @@ def _undecorated(source: str) -> str:
     """``source`` from its ``def`` or ``class`` line on, when it is one decorated definition; else unchanged (a
     lambda's source is the lines around it, not a statement)."""
     try:
-        module = ast.parse(textwrap.dedent(source))
+        body = ast.parse(textwrap.dedent(source)).body
     except SyntaxError:
         return source
-    if len(module.body) != 1:
-        return source
-    node = module.body[0]
+    node = body[0] if len(body) == 1 else None
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or not node.decorator_list:
         return source
     return "".join(source.splitlines(keepends=True)[node.lineno - 1:])
 
 
 def code_object_text(code: CodeType) -> str:
-    """A function's identity without its source (defined with ``python -c``, ``exec`` or at a prompt): its bytecode,
-    the names it reads (``np.sum`` and ``np.mean`` compile to the same bytecode) and its constants, nested code
-    objects (comprehensions, inner functions) by their own text rather than their address, and sets in sorted order
-    rather than hash order, so that it is the same in every process of one Python version."""
+    """A function's identity without its source (``python -c``, ``exec``, a prompt): its bytecode, names and
+    constants (nested code by its own text, sets sorted), the same in every process of one Python version."""
     return fields([code.co_code.hex(), fields(code.co_names), fields(code.co_varnames),
                    fields(_constant(c) for c in code.co_consts)])
 

@@ -1,8 +1,7 @@
 """What a selection returns and reports: the decision, its source, the controller's counters and search reports,
 and the marker of a running trial (a nested selection gets the reference); the stored record of a decision
 (:class:`DecisionRecord`, its canonical JSON and key hash), the one rule for serving a stored one
-(:func:`refusal`, :func:`validate_stored`) and the fleet feedback port (:class:`Feedback`). The trial-runner port
-is ``farm.runner``.
+(:func:`refusal`, :func:`validate_stored`) and the fleet feedback port (:class:`Feedback`).
 
 Types and pure rules only (no controller state): ``farm.engine`` re-exports the selection types.
 """
@@ -16,15 +15,15 @@ import math
 import threading
 from collections.abc import Container, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from farm.errors import CorruptRecord, DeviceBusy, FailureKind, TuneFailure
+from farm.errors import CorruptRecord
 from farm.identity import Candidate, Problem, fits_workspace
 from farm.policy import StackPolicy
 from farm.roster import Roster
 from farm.runner import TrialRunner, Validation
-from farm.trials import CandidateReport
+from farm.trials import CandidateReport, failure_of
 
 SCHEMA_VERSION = 1  # of a DecisionRecord's JSON object
 
@@ -58,9 +57,8 @@ class Decision(NamedTuple):
 
 
 class NearestDecision(Decision):
-    """A NEAREST decision, with where it was borrowed from: ``origin`` the workload whose stored decision it is,
-    ``origin_key`` that decision's cache key, ``distance`` the log-scale distance between the two workloads
-    (farm.nearest). ``ratio`` is the one measured on the origin. The same tuple as any decision."""
+    """A NEAREST decision, borrowed (farm.nearest): ``origin`` the workload whose stored decision it is,
+    ``origin_key`` that decision's key, ``distance`` the log-scale distance; ``ratio`` is the origin's."""
 
     origin: str
     distance: float
@@ -112,9 +110,8 @@ class TuneReport:
     elapsed: float
     budget_exhausted: bool
     candidates: tuple[CandidateReport, ...]
-    # A set with spaces (farm.spacesearch): the space configs evaluated, how many the spaces declare, the
-    # strategy, seed and max_configs that chose them, the configs the decision covers ({space: {param: values}};
-    # None: not all of them), and whether only a grown space's new configs were searched.
+    # A set with spaces (farm.spacesearch): configs evaluated and declared, what chose them, the configs the
+    # decision covers ({space: {param: values}}; None: not all), whether only a grown space's new ones ran.
     evaluated: int = 0
     space_size: int = 0
     strategy: str | None = None
@@ -122,8 +119,7 @@ class TuneReport:
     max_configs: int | None = None
     covered: dict[str, dict[str, list[Any]]] | None = None
     incremental: bool = False
-    # The search's cost: seconds its runs took on the device (validation, warm-ups, timed runs: host CPU time,
-    # CUDA events, a replay's simulated clock) and seconds spent compiling the configs it built (off the device).
+    # The search's cost: seconds its runs took on the device, and compiling (off it): docs/decisions.md.
     device_seconds: float = 0.0
     compile_seconds: float = 0.0
     # Every config a spaced search evaluated with its estimated ratio to the reference, best first (what another
@@ -150,17 +146,11 @@ def tuning_scope() -> Iterator[None]:
         _depth.value -= 1
 
 
-# -- the stored record -------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class DecisionRecord:
-    """A stored decision: which candidate won for one exact cache key, and how sure we are.
-
-    ``created`` is seconds since the epoch; records older than the policy's ttl, or dated in the future, are stale.
-    ``meta`` carries what the farm knows beyond the decision (run, provenance, operation, workload spec); the
-    controller ignores it, but it is covered by the checksum like every other field.
-    """
+    """A stored decision: which candidate won for one exact cache key, and how sure we are. ``created``: epoch
+    seconds (stale past the policy's ttl, or dated in the future). ``meta``: what the farm knows beyond the
+    decision (run, provenance, workload spec); the controller ignores it, but the checksum covers it."""
 
     cache_key: str
     index: int
@@ -172,23 +162,17 @@ class DecisionRecord:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def _body(self) -> dict[str, Any]:
-        # The fields as they are, ``meta`` as a plain dict: a shallow copy (``asdict`` deep-copied ``meta`` and its
-        # candidates on every publication only to replace it).
-        body: dict[str, Any] = {"schema": SCHEMA_VERSION}
-        for name in _RECORD_FIELDS:
-            body[name] = getattr(self, name)
-        body["meta"] = dict(self.meta)
-        return body
+        return {"schema": SCHEMA_VERSION, **{name: getattr(self, name) for name in _RECORD_TYPES},
+                "meta": dict(self.meta)}
 
     def to_dict(self) -> dict[str, Any]:
         body = self._body()
-        body["checksum"] = _checksum(body)
-        return body
+        return {**body, "checksum": _checksum(body)}
 
     def to_json(self) -> str:
         """Canonical JSON with the checksum as the LAST member, so :meth:`from_json` verifies the text itself
         (one sha256, no re-serialization) on the fleet's read path."""
-        text = _canonical(self._body())
+        text = canonical_json(self._body())
         return f'{text[:-1]},"checksum":"{hashlib.sha256(text.encode()).hexdigest()}"}}'
 
     @classmethod
@@ -200,28 +184,21 @@ class DecisionRecord:
             except UnicodeDecodeError as e:
                 raise CorruptRecord(f"record is not UTF-8: {e}") from e
         at = text.rfind(_CHECKSUM_MARK)
-        if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66:
-            body = text[:at] + "}"
-            if hashlib.sha256(body.encode()).hexdigest() != text[at + len(_CHECKSUM_MARK) : -2]:
-                raise CorruptRecord("checksum mismatch")
-            try:
-                data = json.loads(body)
-            except (json.JSONDecodeError, RecursionError) as e:
-                raise CorruptRecord(f"record is not JSON: {e}") from e
-            return cls._build(data, expected_key)
+        ours = at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66
+        body = text[:at] + "}" if ours else text
+        if ours and hashlib.sha256(body.encode()).hexdigest() != text[at + len(_CHECKSUM_MARK) : -2]:
+            raise CorruptRecord("checksum mismatch")
         try:
-            data = json.loads(text)
+            data = json.loads(body)
         except (json.JSONDecodeError, RecursionError) as e:
             raise CorruptRecord(f"record is not JSON: {e}") from e
-        return cls.from_dict(data, expected_key)
+        return cls._build(data, expected_key) if ours else cls.from_dict(data, expected_key)
 
     @classmethod
     def from_dict(cls, data: Any, expected_key: str | None = None) -> DecisionRecord:
         """Parse and verify a stored record; CorruptRecord says what is wrong with it."""
-        if not isinstance(data, dict):
-            raise CorruptRecord(f"record is a {type(data).__name__}, not an object")
-        body = {k: v for k, v in data.items() if k != "checksum"}
-        if data.get("checksum") != _checksum(body):
+        body = {k: v for k, v in data.items() if k != "checksum"} if isinstance(data, dict) else None
+        if body is not None and data.get("checksum") != _checksum(body):
             raise CorruptRecord("checksum mismatch" if data.get("schema") == SCHEMA_VERSION
                                 else f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
         return cls._build(data, expected_key)
@@ -233,16 +210,8 @@ class DecisionRecord:
         if data.get("schema") != SCHEMA_VERSION:
             raise CorruptRecord(f"schema version {data.get('schema')!r} != {SCHEMA_VERSION}")
         try:
-            record = cls(
-                cache_key=_typed(data, "cache_key", str),
-                index=_typed(data, "index", int),
-                reference_index=_typed(data, "reference_index", int),
-                name=_typed(data, "name", str),
-                verified=_typed(data, "verified", bool),
-                ratio=float(_typed(data, "ratio", (int, float))),
-                created=float(_typed(data, "created", (int, float))),
-                meta=_typed(data, "meta", dict) if "meta" in data else {},
-            )
+            values = {name: _typed(data, name, kind) for name, kind in _RECORD_TYPES.items()}
+            record = cls(**values, meta=_typed(data, "meta", dict) if "meta" in data else {})
         except (KeyError, TypeError, OverflowError) as e:
             raise CorruptRecord(str(e)) from e
         if record.index < 0 or record.reference_index < 0 or not math.isfinite(record.ratio) or record.ratio <= 0:
@@ -256,7 +225,11 @@ class DecisionRecord:
         return self.created <= now and now - self.created <= ttl
 
 
-_RECORD_FIELDS = tuple(f.name for f in fields(DecisionRecord))
+_NUMBER = (int, float)  # read as a float
+_RECORD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cache_key": str, "index": int, "reference_index": int, "name": str, "verified": bool, "ratio": _NUMBER,
+    "created": _NUMBER}
+_CHECKSUM_MARK = ',"checksum":"'
 
 
 def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -265,24 +238,16 @@ def _typed(data: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> An
         raise TypeError(f"field {name!r} is a bool")
     if not isinstance(value, kind):
         raise TypeError(f"field {name!r} has type {type(value).__name__}")
-    return value
-
-
-_CHECKSUM_MARK = ',"checksum":"'
+    return float(data[name]) if kind is _NUMBER else value
 
 
 def canonical_json(value: Any) -> str:
-    """The project's one canonical JSON form (sorted keys, no spaces): record checksums, spec identities,
-    archive columns."""
+    """The project's one canonical JSON form (sorted keys, no spaces)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-_canonical = canonical_json
-
-
 def key_hash(cache_key: str) -> bytes:
-    """The project's one name for a cache key (keys reach 384 KiB): its sha256. The local cache keys rows by
-    these bytes; Redis fields and archive rows by their hex form, :func:`key_sha256`."""
+    """The project's one name for a cache key (keys reach 384 KiB): its sha256, the local cache's row key."""
     return hashlib.sha256(cache_key.encode()).digest()
 
 
@@ -292,10 +257,7 @@ def key_sha256(cache_key: str) -> str:
 
 
 def _checksum(body: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
-
-
-# -- serving a stored decision: the one rule (engine, nearest borrowing, the Triton adapter) ---------------------
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
 class Refusal(enum.Enum):
@@ -316,16 +278,13 @@ class Refusal(enum.Enum):
 def refusal(record: DecisionRecord, key: str, candidates: Sequence[Candidate], reference: int,
             policy: StackPolicy, banned: Container[tuple[str, str]], now: float) -> Refusal | None:
     """May ``record``, stored (or borrowed) for the request ``key`` with ``candidates`` and ``reference``, be
-    served? None when it may: fresh, the same reference, its winner the candidate of that index and name,
-    verified (unless the policy does not require it), not banned for ``key`` (``banned`` holds (key, candidate
-    name) pairs), eligible and within the workspace limit. A winner other than the reference is then validated
-    once on the live workload (:func:`validate_stored`) before it is served, where the caller runs trials."""
+    served? None when it may, else the first that applies (``banned`` holds (key, candidate name) pairs).
+    A winner other than the reference is then validated on the live workload (:func:`validate_stored`)."""
     if not record.is_fresh(now, policy.ttl):
         return Refusal.STALE
-    index = record.index
-    if record.reference_index != reference or index >= len(candidates):
+    if record.reference_index != reference or record.index >= len(candidates):
         return Refusal.MISMATCH
-    winner = candidates[index]
+    winner = candidates[record.index]
     if winner.name != record.name:
         return Refusal.MISMATCH
     if not record.verified and policy.require_validation:
@@ -339,19 +298,14 @@ def refusal(record: DecisionRecord, key: str, candidates: Sequence[Candidate], r
 
 def validate_stored(runner: TrialRunner, reference: int, index: int, policy: StackPolicy) -> Validation | None:
     """Validate a stored winner ``index`` against ``reference`` once on the live workload: its verdict when it may
-    be served (PASSED; UNSUPPORTED where the policy does not require validation; PASSED at once for the reference
-    itself), else None (a wrong output, an error, or UNSUPPORTED under ``require_validation``: the caller treats it
-    as a miss, never as an error). A DEVICE failure and :class:`~farm.errors.DeviceBusy` (not a verdict: the
-    caller answers BUSY) propagate."""
+    be served (PASSED; UNSUPPORTED where validation is not required; PASSED at once for the reference itself),
+    else None: a miss, never an error. A DEVICE failure and :class:`~farm.errors.DeviceBusy` propagate."""
     if index == reference:
         return Validation.PASSED
     try:
         verdict = runner.validate(reference, index, policy.tolerance)
-    except DeviceBusy:
-        raise
     except Exception as e:  # a failed check of a stored winner is a miss
-        if isinstance(e, TuneFailure) and e.kind is FailureKind.DEVICE:
-            raise
+        failure_of(e)  # re-raises a busy device and a DEVICE failure
         return None
     if verdict is Validation.PASSED or (verdict is Validation.UNSUPPORTED and not policy.require_validation):
         return verdict

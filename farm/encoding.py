@@ -2,48 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import AnyStr
 
 
 def fields(parts: Iterable[str]) -> str:
-    """Length-delimited encoding ``<len>:<text>`` per part, so ("ab", "c") and ("a", "bc") differ.
-
-    The length counts UTF-8 bytes, so the encoding is unambiguous for any text.
-    """
+    """``<len>:<text>`` per part, the length in UTF-8 bytes, so ("ab", "c") and ("a", "bc") differ."""
     return "".join(f"{len(p.encode())}:{p}" for p in parts)
 
 
 def split_fields(text: str) -> list[str]:
     """Invert :func:`fields`. Raises ValueError for text that is not a length-delimited encoding."""
     if text.isascii():  # bytes are characters: split the text itself (the same steps, no encoding)
-        return _split_ascii(text)
-    data = text.encode()
-    parts: list[str] = []
+        return [text[start:end] for start, end in field_spans(text, ":")]
+    data = text.encode()  # decoded as split, so errors come in order
+    return [data[start:end].decode() for start, end in field_spans(data, b":")]
+
+
+def field_spans(data: AnyStr, colon: AnyStr) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each field's text in an encoding, lazily; ``colon`` is ``":"`` or ``b":"`` to match
+    ``data``. Raises ValueError (as the iteration reaches it) for a malformed field."""
     at = 0
     while at < len(data):
-        colon = data.find(b":", at)
-        if colon < 0 or not data[at:colon].isdigit():
+        mark = data.find(colon, at)
+        if mark < 0 or not data[at:mark].isdigit():
             raise ValueError(f"no field length at byte {at}")
-        length = int(data[at:colon])
-        start = colon + 1
-        if start + length > len(data):
+        start = mark + 1
+        end = start + int(data[at:mark])
+        if end > len(data):
             raise ValueError(f"field at byte {at} runs past the end")
-        parts.append(data[start : start + length].decode())
-        at = start + length
-    return parts
-
-
-def _split_ascii(text: str) -> list[str]:
-    parts: list[str] = []
-    at = 0
-    while at < len(text):
-        colon = text.find(":", at)
-        if colon < 0 or not text[at:colon].isdigit():
-            raise ValueError(f"no field length at byte {at}")
-        start = colon + 1
-        end = start + int(text[at:colon])
-        if end > len(text):
-            raise ValueError(f"field at byte {at} runs past the end")
-        parts.append(text[start:end])
+        yield start, end
         at = end
-    return parts

@@ -1,25 +1,21 @@
 """The stack tuner: selects, for one exact problem, the fastest candidate proven correct against the reference.
 
 The engine is pure: trials run through an injected :class:`TrialRunner` (a host or CUDA runtime, a Celery task,
-or a test fake) and stored decisions come from injected stores. The selection order is docs/contract.md's:
-
-1. malformed input -> INVALID_INPUT;  2. quarantined lane -> QUARANTINED;  3. DISABLED -> reference;
-4. fresh memory record -> reuse, no synchronization;  5. validation unavailable / nested / busy -> reference;
-6. persistent stored record (disk, then fleet) -> reuse after one validation in this process;
-7. the nearest decision of the workload's family, validated (farm.borrowing), else CACHE_ONLY -> reference;
-8. EXPLORE -> paired search (a list, or a space's strategy);  9. failures become notes;  10. store, count, report.
+or a test fake) and stored decisions come from injected stores. It selects in docs/contract.md's order
+("Selection, in order"); a miss may borrow the nearest decision of its family first (farm.borrowing).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from farm.borrowing import Borrowing
 from farm.decisions import (
@@ -38,7 +34,6 @@ from farm.decisions import (
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, Problem, cache_key
 from farm.policy import MemoryEviction, Mode, StackPolicy
-from farm.regression import RegressionWindows
 from farm.roster import Roster
 from farm.runner import TrialRunner, Validation, runner_cost
 from farm.scoring import valid_seconds
@@ -50,35 +45,27 @@ from farm.stores.memory import MemoryStore
 from farm.trials import CandidateReport, decide, reference_noise
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 __all__ = [
-    "CandidateReport", "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner", "TuneReport", "Validation",
-    "is_tuning", "tuning_scope",
+    "CandidateReport", "Decision", "DecisionSource", "Request", "Stats", "StackTuner", "TrialRunner",
+    "TuneReport", "Validation", "is_tuning", "tuning_scope",
 ]
 
-
-_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE, DecisionSource.FLEET_CACHE, DecisionSource.NEAREST)
+_STORED_SOURCES = (DecisionSource.TUNED, DecisionSource.MEMORY_CACHE, DecisionSource.DISK_CACHE,
+                   DecisionSource.FLEET_CACHE, DecisionSource.NEAREST)
 
 
 class StackTuner:
     """Thread-safe controller. No lock is held while a trial runs: contenders get the reference at once (BUSY).
 
-    ``cache_directory`` enables the disk tier (persistent problems only); ``fleet`` adds read-only stores
-    consulted after the disk, whose records are validated once in this process before reuse: a store, a Redis
-    URL (``redis://user:password@host/0``, ideally a read-only user) or an archive directory. With
-    ``fleet_write_through`` (default) a validated fleet hit is also written to the disk tier, so a restarted
-    application finds it locally. A failing cache tier (unreachable, unreadable, read-only) is a logged warning
-    and a miss, never an error for the caller.
-    """
+    ``cache_directory``: the disk tier (persistent problems only); ``fleet``: read-only tiers after it
+    (stores, Redis URLs of a read-only user, archive directories), whose records are validated once per
+    process before reuse (docs/farm.md, "Fleet hits"). A failing tier is a warning and a miss."""
 
-    def __init__(
-        self,
-        policy: StackPolicy,
-        cache_directory: Path | str | None = None,
-        memory_eviction: MemoryEviction = MemoryEviction.FIFO,
-        fleet: Sequence[DecisionStore | str | Path] = (),
-        fleet_write_through: bool = True,
-    ) -> None:
+    def __init__(self, policy: StackPolicy, cache_directory: Path | str | None = None,
+                 memory_eviction: MemoryEviction = MemoryEviction.FIFO,
+                 fleet: Sequence[DecisionStore | str | Path] = (), fleet_write_through: bool = True) -> None:
         if not isinstance(policy, StackPolicy):
             raise TuneFailure.invalid(f"policy must be a StackPolicy, got {type(policy).__name__}")
         policy.validate()
@@ -97,12 +84,11 @@ class StackTuner:
         self._quarantined: set[str] = set()
         self._tuning_keys: set[str] = set()
         self._tuning_lanes: set[str] = set()
-        self._windows = RegressionWindows(policy.regression_pairs, policy.capacity)
+        self._windows: OrderedDict[str, deque[float]] = OrderedDict()  # recent live ratios per decision
         self._reports: deque[TuneReport] = deque(maxlen=min(policy.capacity, 128))
         self._hits: dict[str, Decision] = {}  # the MEMORY_CACHE decision of each memory record, built once
-        self._borrowing = Borrowing(policy.capacity)  # misses served by a nearest decision (farm.borrowing)
-        # Fleet feedback (farm.decisions.Feedback; farm.feedback.FleetReporter): a fleet miss, a regression.
-        self.feedback: Feedback | None = None
+        self._borrowing = Borrowing(policy.capacity, self._lock, self._counters)  # nearest decisions
+        self.feedback: Feedback | None = None  # told of fleet misses and regressions (farm.feedback)
 
     @property
     def policy(self) -> StackPolicy:
@@ -110,16 +96,14 @@ class StackTuner:
 
     # -- requests -----------------------------------------------------------------------------------------------
 
-    def request(
-        self, problem: Problem, candidates: Sequence[Candidate], reference: int, device: str | None = None
-    ) -> Request:
+    def request(self, problem: Problem, candidates: Sequence[Candidate], reference: int,
+                device: str | None = None) -> Request:
         """Validate a selection request and compute its cache key, memoized (bounded) per distinct request."""
         cands = candidates if isinstance(candidates, Roster) else tuple(candidates)
         memo = (problem, cands, reference, device or "")
         with self._lock:
-            found = self._requests.get(memo)
-        if found is not None:
-            return found
+            if (found := self._requests.get(memo)) is not None:
+                return found
         key = cache_key(problem, cands, reference, self._policy)
         built = Request(problem, cands, reference, key, device or problem.environment)
         with self._lock:
@@ -128,18 +112,10 @@ class StackTuner:
                 self._requests.popitem(last=False)
         return built
 
-    def select(
-        self,
-        problem: Problem,
-        candidates: Sequence[Candidate],
-        reference: int,
-        runner: TrialRunner,
-        *,
-        device: str | None = None,
-    ) -> Decision:
-        """Choose the candidate to run for ``problem``. ``device`` names the lane trials are serialized on
-        (default: the environment). Raises TuneFailure INVALID_INPUT, QUARANTINED, DEVICE or REJECTED (the
-        reference itself failed)."""
+    def select(self, problem: Problem, candidates: Sequence[Candidate], reference: int, runner: TrialRunner,
+               *, device: str | None = None) -> Decision:
+        """Choose the candidate to run; trials are serialized on lane ``device`` (default: the environment).
+        Raises TuneFailure INVALID_INPUT, QUARANTINED, DEVICE or REJECTED (the reference itself failed)."""
         return self.select_request(self.request(problem, candidates, reference, device), runner)
 
     def select_request(self, req: Request, runner: TrialRunner) -> Decision:
@@ -153,9 +129,8 @@ class StackTuner:
         with self._lock:
             record = self._memory.get(key)
             if record is not None:
-                now = time.time()
                 if (
-                    record.created <= now <= record.created + policy.ttl
+                    record.created <= time.time() <= record.created + policy.ttl
                     and (record.verified or not policy.require_validation)
                     and (not self._banned or (key, record.name) not in self._banned)
                 ):
@@ -168,11 +143,8 @@ class StackTuner:
                 return self._reference(req, DecisionSource.VALIDATION_UNAVAILABLE)
             if is_tuning():
                 return self._reference(req, DecisionSource.NESTED)
-            if (
-                key in self._tuning_keys
-                or req.lane in self._tuning_lanes
-                or len(self._tuning_keys) >= policy.max_parallel_tunes
-            ):
+            busy = key in self._tuning_keys or req.lane in self._tuning_lanes
+            if busy or len(self._tuning_keys) >= policy.max_parallel_tunes:
                 self._counters["busy_fallbacks"] += 1
                 return self._reference(req, DecisionSource.BUSY)
             self._tuning_keys.add(key)
@@ -198,10 +170,9 @@ class StackTuner:
         """Put a record in memory with its ready-made hit decision. Caller holds the lock."""
         for evicted in self._memory.put(record):
             self._hits.pop(evicted, None)
-        self._hits[record.cache_key] = Decision(
-            record.index, record.reference_index, record.name, DecisionSource.MEMORY_CACHE, record.verified,
-            record.ratio, record.cache_key,
-        )
+        self._hits[record.cache_key] = Decision(record.index, record.reference_index, record.name,
+                                                DecisionSource.MEMORY_CACHE, record.verified, record.ratio,
+                                                record.cache_key)
 
     def _forget(self, key: str) -> None:
         """Drop a memory record. Caller holds the lock."""
@@ -215,15 +186,9 @@ class StackTuner:
     # -- misses: stored tiers, then search ------------------------------------------------------------------------
 
     def _miss(self, req: Request, runner: TrialRunner) -> Decision:
-        if req.problem.persistent:
-            tiers: list[tuple[DecisionStore, DecisionSource, bool]] = []
-            if self._disk is not None:
-                tiers.append((self._disk, DecisionSource.DISK_CACHE, True))
-            tiers.extend((store, DecisionSource.FLEET_CACHE, False) for store in self._fleet)
-            for store, source, writable in tiers:
-                decision = self._from_store(req, runner, store, source, writable)
-                if decision is not None:
-                    return decision
+        for store in (self._disk, *self._fleet) if req.problem.persistent else ():
+            if store is not None and (decision := self._from_store(req, runner, store)) is not None:
+                return decision
         self._count("misses")
         borrowed = self._borrowing.borrow(req, runner, self._policy, (self._disk, *self._fleet), self._banned)
         if borrowed is not None:
@@ -239,21 +204,17 @@ class StackTuner:
         return decision
 
     def _feedback(self, call: Callable[[Feedback], None]) -> None:
-        hook = self.feedback
-        if hook is not None:
+        if self.feedback is not None:
             try:
-                call(hook)
+                call(self.feedback)
             except Exception as e:  # feedback never fails the caller
                 log.debug("fleet feedback hook failed: %s", e)
 
-    def _from_store(
-        self, req: Request, runner: TrialRunner, store: DecisionStore, source: DecisionSource, writable: bool
-    ) -> Decision | None:
+    def _from_store(self, req: Request, runner: TrialRunner, store: DecisionStore) -> Decision | None:
         policy = self._policy
-        found = self._tier(f"read {source.value}", lambda: (read_record(store, req.problem.environment, req.key),))
-        if found is None:  # an unreachable tier or a corrupt record is a miss, never an error on the caller's path
-            return None
-        record = found[0]
+        on_disk = store is self._disk
+        source = DecisionSource.DISK_CACHE if on_disk else DecisionSource.FLEET_CACHE
+        record = self._tier(f"read {source.value}", read_record, store, req.problem.environment, req.key)
         if record is None:
             return None
         refused = refusal(record, req.key, req.candidates, req.reference, policy, self._banned, time.time())
@@ -262,23 +223,21 @@ class StackTuner:
                 self._count("cache_warnings")
             return None
         if validate_stored(runner, req.reference, record.index, policy) is None:
-            if writable:
-                self._tier("delete a stale record from", lambda: store.delete(req.key))
+            if on_disk:
+                self._tier("delete a stale record from", store.delete, req.key)
             self._count("cache_warnings")
             return None
-        if source is DecisionSource.FLEET_CACHE and self._write_through and self._disk is not None:
-            disk = self._disk
-            self._tier("write a fleet hit through to", lambda: disk.put(record))
+        if not on_disk and self._write_through and self._disk is not None:
+            self._tier("write a fleet hit through to", self._disk.put, record)
         with self._lock:
             self._remember(record)
-            self._counters["disk_hits" if source is DecisionSource.DISK_CACHE else "fleet_hits"] += 1
-        return Decision(record.index, record.reference_index, record.name, source, record.verified, record.ratio, req.key)
+            self._counters["disk_hits" if on_disk else "fleet_hits"] += 1
+            return self._hits[req.key]._replace(source=source)
 
     def _explore(self, req: Request, runner: TrialRunner) -> Decision:
         policy = self._policy
         started = time.monotonic()
-        ref = req.reference
-        cands = req.candidates
+        ref, cands = req.reference, req.candidates
         names = cands.names if isinstance(cands, Roster) else [c.name for c in cands]
         with self._lock:
             banned = {name for key, name in self._banned if key == req.key}
@@ -293,14 +252,16 @@ class StackTuner:
         selection, judged = decide(ref, names, outcomes, policy)
         winner = selection.index
         reports = {j.index: j for j in judged}
-        ref_note = "selected: reference" if winner == ref else "reference"
         reports[ref] = CandidateReport(names[ref], len(reference_times), 1.0, reference_noise(reference_times), True,
-                                       ref_note, index=ref)
+                                       "selected: reference" if winner == ref else "reference", index=ref)
         spent = runner_cost(runner)
         search_cost = {"device_seconds": spent[0] - cost[0], "compile_seconds": spent[1] - cost[1]}
         for record in decided(req.key, req.problem, cands, winner, ref, names[winner], selection.verified,
-                              selection.ratio, time.time(), policy, spaced, search_cost):  # with a spaced one's family record
-            self._store(req, record)
+                              selection.ratio, time.time(), policy, spaced, search_cost):  # + a family record
+            with self._lock:
+                self._remember(record)
+            if req.problem.persistent and self._disk is not None:
+                self._tier("write", self._disk.put, record)
         report = search_report(req.problem, names[winner], time.monotonic() - started, budget_exhausted,
                                tuple(reports[i] for i in sorted(reports)), policy, spaced)
         report = dataclasses.replace(report, device_seconds=search_cost["device_seconds"],
@@ -313,21 +274,14 @@ class StackTuner:
     def _family(self, key: str, persistent: bool) -> DecisionRecord | None:  # from memory, else the disk tier
         with self._lock:
             record = self._memory.get(key)
-        disk = self._disk if persistent and record is None else None
-        found = None if disk is None else self._tier("read a space family record from", lambda: (disk.get(key),))
-        return record if found is None else found[0]
+        if record is None and persistent and self._disk is not None:
+            return self._tier("read a space family record from", self._disk.get, key)
+        return record
 
-    def _store(self, req: Request, record: DecisionRecord) -> None:
-        with self._lock:
-            self._remember(record)
-        if req.problem.persistent and self._disk is not None:
-            disk = self._disk
-            self._tier("write", lambda: disk.put(record))
-
-    def _tier(self, what: str, call: Any) -> Any:
-        """Run one cache-tier operation; any failure is a logged warning, counted, and None (a miss)."""
+    def _tier(self, what: str, call: Callable[..., _T], *args: Any) -> _T | None:
+        """Run ``call(*args)``, one cache-tier operation: a failure is a logged warning, counted, and None."""
         try:
-            return call()
+            return call(*args)
         except Exception as e:
             log.warning("cache tier failure (%s): %s: %s", what, type(e).__name__, e)
             self._count("cache_warnings")
@@ -345,29 +299,31 @@ class StackTuner:
         with self._lock:
             self._forget(decision.cache_key)
             self._borrowing.forget(decision.cache_key)
-            self._windows.forget(decision.cache_key)
+            self._windows.pop(decision.cache_key, None)
             if ban_candidate and decision.index != decision.reference_index:
                 self._banned.add((decision.cache_key, decision.name))
             self._counters["invalidations"] += 1
         if self._disk is not None:
-            disk = self._disk
-            self._tier("delete an invalidated record from", lambda: disk.delete(decision.cache_key))
+            self._tier("delete an invalidated record from", self._disk.delete, decision.cache_key)
 
     def record_comparison(self, decision: Decision, reference_seconds: float, selected_seconds: float,
                           correctness_checked: bool) -> bool:
-        """Feed one live (reference, selected) observation into the decision's regression window.
-
-        Only correctness-checked observations count (an unchecked run may have been a broken one). When the window
-        holds ``regression_pairs`` observations and their median selected/reference ratio exceeds
-        ``regression_ratio``, the decision is invalidated and its candidate banned; returns True then.
-        """
+        """Feed one live observation into the decision's regression window; True when its median regressed:
+        the decision is invalidated, its winner banned (docs/contract.md, "Execution and invalidation")."""
         if not (valid_seconds(reference_seconds) and valid_seconds(selected_seconds)):
             raise TuneFailure.invalid(f"record_comparison needs positive finite seconds, "
                                       f"got ({reference_seconds!r}, {selected_seconds!r})")
         if not correctness_checked or decision.index == decision.reference_index or decision.source not in _STORED_SOURCES:
             return False
-        with self._lock:
-            median = self._windows.observe(decision.cache_key, selected_seconds / reference_seconds)
+        pairs = self._policy.regression_pairs
+        with self._lock:  # the window: the last ``pairs`` ratios, for at most ``capacity`` decisions
+            window = self._windows.get(decision.cache_key)
+            if window is None:
+                window = self._windows[decision.cache_key] = deque(maxlen=pairs)
+                if len(self._windows) > self._policy.capacity:
+                    self._windows.popitem(last=False)
+            window.append(selected_seconds / reference_seconds)
+            median = statistics.median(window) if len(window) == pairs else 0.0
             regressed = median > self._policy.regression_ratio
         if regressed:
             self.invalidate(decision, True)
@@ -376,14 +332,13 @@ class StackTuner:
         return regressed
 
     def banned(self) -> frozenset[tuple[str, str]]:
-        """The (cache key, candidate name) pairs this controller never serves again: invalidated with
-        ``ban_candidate`` (a failed live run, a regression). The Triton adapter honours them too."""
+        """The (cache key, candidate name) pairs never served again (``invalidate``'s ``ban_candidate``)."""
         with self._lock:
             return frozenset(self._banned)
 
     def stats(self) -> Stats:
         with self._lock:
-            return Stats(**{**self._counters, **self._borrowing.counts()})
+            return Stats(**self._counters)
 
     def reports(self) -> list[TuneReport]:
         with self._lock:

@@ -17,13 +17,8 @@ FarmError
     └── CubinError (also ValueError)           bytes that are not a readable cubin
 ```
 
-Every error can be rebuilt from its arguments (``__reduce__``, for libraries that copy exceptions across processes)
-and round-trips through JSON: ``error.to_dict()`` and :func:`error_from_dict` (``{"error": class name, ...}``),
-which is what our own protocols use.
-
-The errors only the fleet raises (a store outage, a quarantined worker device, an interrupted run, an illegal
-transition of the coordinator's machine) live with the fleet, under the same root: ``farm_fleet.errors``. The tree
-above is checked against the classes by ``tests/test_errors.py``.
+Every error pickles (``__reduce__``) and round-trips through JSON: ``error.to_dict()`` and
+:func:`error_from_dict`. The errors only the fleet raises live under the same root in ``farm_fleet.errors``.
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ _KINDS: dict[str, type[FarmError]] = {}
 
 
 class FarmError(Exception):
-    """Raised when the farm (not a single tuning decision) cannot do what was asked; root of farm errors.
-
-    A subclass with extra constructor arguments lists them in ``fields`` (JSON values) so that it round-trips.
-    """
+    """Raised when the farm (not a single tuning decision) cannot do what was asked; root of farm errors. A
+    subclass with more constructor arguments lists them in ``fields`` (JSON values) so that it round-trips."""
 
     fields: ClassVar[tuple[str, ...]] = ("message",)
 
@@ -73,10 +66,6 @@ class FarmError(Exception):
         """Rebuild an error written by :meth:`to_dict` (the class named in it, which must be ``cls`` or below)."""
         return error_from_dict(data, cls)
 
-    @classmethod
-    def _from_fields(cls, values: list[Any]) -> FarmError:
-        return cls(*values)
-
 
 _KINDS["FarmError"] = FarmError
 
@@ -91,7 +80,7 @@ def error_from_dict(data: Any, base: type[FarmError] = FarmError) -> FarmError:
     missing = [f for f in cls.fields if f not in data]
     if missing:
         raise ProtocolError(f"error {data['error']} lacks field {missing[0]!r}")
-    return cls._from_fields([data[f] for f in cls.fields])
+    return cls(*[data[f] for f in cls.fields])
 
 
 class TuneFailure(FarmError):
@@ -99,17 +88,12 @@ class TuneFailure(FarmError):
 
     fields = ("kind", "message")
 
-    def __init__(self, kind: FailureKind, message: str) -> None:
-        Exception.__init__(self, f"{kind.value}: {message}")
-        self.kind = kind
-        self.message = message
+    def __init__(self, kind: FailureKind | str, message: str) -> None:
+        self.kind, self.message = FailureKind(kind), str(message)
+        Exception.__init__(self, f"{self.kind.value}: {message}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"error": type(self).__name__, "kind": self.kind.value, "message": self.message}
-
-    @classmethod
-    def _from_fields(cls, values: list[Any]) -> TuneFailure:
-        return cls(FailureKind(values[0]), str(values[1]))
+        return {**super().to_dict(), "kind": self.kind.value}
 
     @classmethod
     def invalid(cls, message: str) -> TuneFailure:
@@ -129,8 +113,7 @@ class TuneFailure(FarmError):
 
 
 class DeviceBusy(FarmError):
-    """Raised when a device's lock cannot be taken (unusable lock folder, another user's lock file): the
-    controller falls back to the reference (BUSY) and never quarantines the device for it."""
+    """Raised when a device's lock cannot be taken: the controller answers BUSY, never quarantines for it."""
 
 
 class ConfigError(FarmError):
@@ -139,17 +122,12 @@ class ConfigError(FarmError):
     fields = ("source", "field", "value", "problem")
 
     def __init__(self, source: str, field: str, value: Any, problem: str) -> None:
-        Exception.__init__(self, f"{source}: field {field!r} = {value!r}: {problem}")
-        self.message = str(self)
-        self.source = source
-        self.field = field
-        self.value = value
-        self.problem = problem
+        super().__init__(f"{source}: field {field!r} = {value!r}: {problem}")
+        self.source, self.field, self.value, self.problem = source, field, value, problem
 
     def to_dict(self) -> dict[str, Any]:
-        data = super().to_dict()
-        data["value"] = repr(self.value) if not isinstance(self.value, (str, int, float, bool, type(None))) else self.value
-        return data
+        plain = isinstance(self.value, (str, int, float, bool, type(None)))
+        return {**super().to_dict(), "value": self.value if plain else repr(self.value)}
 
 
 class ProtocolError(FarmError, ValueError):
@@ -169,8 +147,7 @@ class ValidationUnavailable(FarmError):
 
 
 class ReplayFailure(FarmError, RuntimeError):
-    """Raised when a replayed config fails as its recording says: a recorded compile failure when it is built, a
-    recorded runtime failure when it runs (a candidate's failure, a verdict: never a winner)."""
+    """Raised when a replayed config fails as its recording says (a candidate's failure: never a winner)."""
 
 
 class RestrictionError(FarmError, ValueError):

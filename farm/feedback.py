@@ -1,42 +1,8 @@
 """Fleet feedback: applications tell the farm what to tune, never on the hot path.
 
-A :class:`FleetReporter` is the controller's ``feedback`` hook. The engine calls it on two paths only: a
-persistent problem that every stored tier missed (``kind="miss"``, with the ratio this process then measured, if
-it tuned), and a stored decision its regression window invalidated (``kind="regression"``, with the window's
-median selected/reference ratio and the ratio the decision promised). A memory hit never reaches it.
-
-A call appends one small report to a bounded buffer (a full buffer drops the report and counts it) and returns;
-a daemon thread sends batches to a capped Redis stream (``XADD ... MAXLEN ~``) with the URL's credentials (a
-write-only ``reporter`` user, docs/deployment.md). An unreachable Redis costs the application nothing: the
-thread backs off (doubling up to 60 s), keeps what fits in the buffer, and counts the failure. redis-py is
-imported in that thread only.
-
-A report (one stream entry, field ``report``, JSON)::
-
-    {"v": 1, "kind": "miss", "operation": "matmul", "device_kind": "cpu", "spec": {"m": 64, ...} | null,
-     "signature": "...", "fingerprint": "<digest>", "fingerprint_text": "...", "cache_key": "...",
-     "host": "<hostname>", "pid": 123, "time": 1700000000.0, "ratios": [0.71]}
-
-A miss the controller served with a borrowed nearest decision (farm.borrowing) is still reported, marked
-``"served": "nearest"`` with ``"nearest": {"workload": ..., "distance": ...}`` (the origin workload and its
-log-scale distance): the farm tunes the exact workload like any miss, so later processes get an exact hit.
-
-``spec`` is the workload spec rebuilt from the live inputs (the operation's inverse of ``build``); without one
-the report carries the workload signature only (counted in ``unsigned``) and the farm cannot tune it.
-
-Calls: every workload the runtime adapter prepares (:meth:`FleetReporter.describe`) gets a counter cell
-(:meth:`FleetReporter.counter`), and every ``try_execute_stack`` call adds one to it (one list-item increment,
-hits included; without a lock, so threads racing on one workload may lose a count). Every ``count_interval``
-seconds, and at :meth:`flush` (atexit included), the sender thread turns the counts since the last report into
-``kind="calls"`` reports, at most ``CALLS_PER_REPORT`` workloads each, the busiest first (``farm tune
---from-fleet`` turns them into weights)::
-
-    {"v": 1, "kind": "calls", "host": "...", "pid": 123, "time": 1700000300.0, "since": 1700000000.0,
-     "counts": [{"operation": "matmul", "device_kind": "cpu", "spec": {...}, "signature": "...",
-                 "fingerprint": "<digest>", "cache_key": "...", "calls": 120000}, ...]}
-
-At most ``MAX_KEYS`` workloads are counted (the oldest counter goes, its last count still reported); workloads
-without a spec are counted but never reported (the farm could not weight them).
+A :class:`FleetReporter` is the controller's ``feedback`` hook (``kind`` "miss" or "regression", never on a hit)
+and counts prepared workloads' calls (``kind="calls"``); a daemon thread sends its bounded buffer in batches to a
+capped Redis stream (redis-py is imported in that thread only). Formats and rules: docs/farm.md, "Fleet feedback".
 """
 
 from __future__ import annotations
@@ -63,6 +29,9 @@ CALLS_PER_REPORT = 256
 MAX_KEYS = 4096
 STREAM = "feedback"  # the stream key is "<prefix>:feedback" (FARM_PREFIX, default farm)
 
+# What a cache key is: (operation, device kind, spec or None, problem).
+_What = tuple[str, str, dict[str, Any] | None, Problem]
+
 
 def stream_key(prefix: str | None = None) -> str:
     """The reports stream of the farm under ``prefix`` (default: FARM_PREFIX or "farm")."""
@@ -71,8 +40,8 @@ def stream_key(prefix: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class FeedbackStats:
-    """Counters since the reporter was created. ``dropped``: reports lost to a full buffer (or an oversized
-    backlog while Redis was unreachable); ``failures``: failed sends; ``unsigned``: reports without a spec."""
+    """Counters since the reporter was created. ``dropped``: reports lost to a full buffer (or a backlog
+    while Redis was unreachable); ``unsigned``: reports without a spec; ``counted``: calls reported."""
 
     queued: int
     sent: int
@@ -81,7 +50,6 @@ class FeedbackStats:
     unsigned: int
     pending: int
     counted: int = 0
-    """Calls reported in ``kind="calls"`` reports (queued)."""
 
 
 class FleetReporter:
@@ -89,8 +57,7 @@ class FleetReporter:
 
     ``url``: a Redis URL whose user may XADD the stream (``redis://reporter:PASSWORD@host:6379/1``). ``capacity``
     bounds the buffer; ``maxlen`` caps the stream (approximately); ``batch`` reports go in one round trip. Each
-    (kind, cache key) is reported once per process (a repeat only counts). ``count_interval``: seconds between
-    two reports of the calls counted per workload.
+    (kind, cache key) is reported once per process. ``count_interval``: seconds between two calls reports.
     """
 
     def __init__(self, url: str, *, prefix: str | None = None, capacity: int = 1024, batch: int = 64,
@@ -103,18 +70,16 @@ class FleetReporter:
         self.url = url
         self.key = stream_key(prefix)
         self.capacity, self.batch, self.maxlen = max(1, capacity), max(1, batch), max(1, maxlen)
-        self.interval, self.timeout = interval, timeout
+        self.interval, self.timeout, self.count_interval = interval, timeout, count_interval
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._buffer: deque[str] = deque()
-        self._described: OrderedDict[str, tuple[str, str, dict[str, Any] | None, Problem]] = OrderedDict()
-        self._seen: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict()  # (kind, cache key) reported
         self._served: OrderedDict[str, tuple[str, float]] = OrderedDict()  # cache key -> (origin workload, distance)
         self._counts = {"queued": 0, "sent": 0, "dropped": 0, "failures": 0, "unsigned": 0, "counted": 0}
         # cache key -> ([calls, calls already reported], what it is); the runtime increments calls[0], lock-free
-        self._calls: OrderedDict[str, tuple[list[int], tuple[str, str, dict[str, Any] | None, Problem]]] = OrderedDict()
-        self._uncounted: list[tuple[str, int, tuple[str, str, dict[str, Any] | None, Problem]]] = []  # evicted
-        self.count_interval = count_interval
+        self._calls: OrderedDict[str, tuple[list[int], _What]] = OrderedDict()
+        self._uncounted: list[tuple[str, int, _What]] = []  # (key, calls, what) of evicted counters
         self._counted_since = time.time()
         self._next_count = time.monotonic() + count_interval
         self._thread: threading.Thread | None = None
@@ -123,23 +88,17 @@ class FleetReporter:
         self._host = socket.gethostname()
         self._client: Any = None
 
-    # -- called by the runtime (never on a hit) ---------------------------------------------------------------
-
     def describe(self, problem: Problem, cache_key: str, operation: str, device_kind: str,
                  spec: dict[str, Any] | None) -> None:
         """Remember what a cache key is (called once per workload by the runtime adapter when it prepares it)
         and start counting its calls (:meth:`counter`)."""
         with self._lock:
-            described = self._described[cache_key] = (operation, device_kind, spec, problem)
-            if len(self._described) > MAX_KEYS:
-                self._described.popitem(last=False)
-            found = self._calls.get(cache_key)
-            cell = found[0] if found is not None else [0, 0]
-            self._calls[cache_key] = (cell, described)
+            cell = self._calls[cache_key][0] if cache_key in self._calls else [0, 0]
+            self._calls[cache_key] = (cell, (operation, device_kind, spec, problem))
             if len(self._calls) > MAX_KEYS:
-                key, (old, what) = self._calls.popitem(last=False)
+                key, (old, old_what) = self._calls.popitem(last=False)
                 if old[0] > old[1] and len(self._uncounted) < MAX_KEYS:
-                    self._uncounted.append((key, old[0] - old[1], what))
+                    self._uncounted.append((key, old[0] - old[1], old_what))
             self._start()
 
     def counter(self, cache_key: str) -> list[int]:
@@ -153,7 +112,7 @@ class FleetReporter:
         """Mark the miss of ``cache_key`` (reported next) as served by a borrowed nearest decision."""
         with self._lock:
             self._served[cache_key] = (origin, float(distance))
-            if len(self._served) > 4096:
+            if len(self._served) > MAX_KEYS:
                 self._served.popitem(last=False)
 
     def __call__(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
@@ -165,16 +124,15 @@ class FleetReporter:
 
     def _report(self, kind: str, cache_key: str, problem: Problem | None, ratios: tuple[float, ...]) -> None:
         with self._lock:
-            seen = self._seen.get((kind, cache_key), 0)
-            self._seen[(kind, cache_key)] = seen + 1
-            if len(self._seen) > 4096:
-                self._seen.popitem(last=False)
-            if seen:
+            if (kind, cache_key) in self._seen:
                 return
-            described = self._described.get(cache_key)
+            self._seen[(kind, cache_key)] = None
+            if len(self._seen) > MAX_KEYS:
+                self._seen.popitem(last=False)
+            described = self._calls.get(cache_key)
             served = self._served.pop(cache_key, None) if kind == "miss" else None
         if described is not None:
-            operation, device_kind, spec, problem = described
+            operation, device_kind, spec, problem = described[1]
         elif problem is not None:
             operation, device_kind, spec = problem.operation, "", None
         else:
@@ -186,19 +144,23 @@ class FleetReporter:
             "time": time.time(), "ratios": [round(float(r), 6) for r in ratios],
         }
         if served is not None:
-            report["served"] = "nearest"
-            report["nearest"] = {"workload": served[0], "distance": round(served[1], 6)}
+            report.update(served="nearest", nearest={"workload": served[0], "distance": round(served[1], 6)})
         text = json.dumps(report, sort_keys=True)
         with self._lock:
             if spec is None:
                 self._counts["unsigned"] += 1
-            if len(self._buffer) >= self.capacity or self._closed:
-                self._counts["dropped"] += 1
-                return
-            self._buffer.append(text)
-            self._counts["queued"] += 1
-            self._start()
-            self._wake.notify()
+            if self._enqueue(text):
+                self._start()
+                self._wake.notify()
+
+    def _enqueue(self, text: str) -> bool:
+        """Buffer a report, or drop it when the buffer is full or closed (caller holds the lock)."""
+        if len(self._buffer) >= self.capacity or self._closed:
+            self._counts["dropped"] += 1
+            return False
+        self._buffer.append(text)
+        self._counts["queued"] += 1
+        return True
 
     def _start(self) -> None:
         """Start the sender thread, once. Caller holds the lock."""
@@ -211,42 +173,33 @@ class FleetReporter:
         """Queue the calls counted since the last calls report (kind="calls"). Caller holds the lock."""
         now = time.time()
         self._next_count = time.monotonic() + self.count_interval
-        counts = [(key, n, what) for key, n, what in self._uncounted]
-        self._uncounted.clear()
+        counts, self._uncounted = self._uncounted, []
         for key, (cell, what) in self._calls.items():
             seen = cell[0]  # read once: the runtime may add meanwhile
             if seen > cell[1]:
                 counts.append((key, seen - cell[1], what))
                 cell[1] = seen
-        counts.sort(key=lambda count: -count[1])
-        rows = [{"operation": op, "device_kind": kind, "spec": spec, "signature": problem.workload,
-                 "fingerprint": fingerprint_digest(problem.environment), "cache_key": key, "calls": n}
-                for key, n, (op, kind, spec, problem) in counts if spec is not None]
-        totals = [n for _, n, (_, _, spec, _) in counts if spec is not None]
-        for start in range(0, len(rows), CALLS_PER_REPORT):
-            chunk = rows[start:start + CALLS_PER_REPORT]
-            if len(self._buffer) >= self.capacity or self._closed:
-                self._counts["dropped"] += 1
-                continue
-            self._buffer.append(json.dumps({"v": CALLS_VERSION, "kind": "calls", "host": self._host,
-                                            "pid": os.getpid(), "time": now, "since": self._counted_since,
-                                            "counts": chunk}, sort_keys=True))
-            self._counts["queued"] += 1
-            self._counts["counted"] += sum(totals[start:start + CALLS_PER_REPORT])
+        counts = sorted((count for count in counts if count[2][2] is not None), key=lambda count: -count[1])
+        for start in range(0, len(counts), CALLS_PER_REPORT):
+            chunk = counts[start:start + CALLS_PER_REPORT]
+            rows = [{"operation": op, "device_kind": kind, "spec": spec, "signature": problem.workload,
+                     "fingerprint": fingerprint_digest(problem.environment), "cache_key": key, "calls": n}
+                    for key, n, (op, kind, spec, problem) in chunk]
+            report = {"v": CALLS_VERSION, "kind": "calls", "host": self._host, "pid": os.getpid(),
+                      "time": now, "since": self._counted_since, "counts": rows}
+            if self._enqueue(json.dumps(report, sort_keys=True)):
+                self._counts["counted"] += sum(n for _, n, _ in chunk)
         self._counted_since = now
-
-    # -- the sender thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         backoff = 0.5
         while True:
             with self._lock:
                 while not self._buffer and not self._closed:
-                    due = self._next_count - time.monotonic()
-                    if due <= 0:
+                    if (due := self._next_count - time.monotonic()) <= 0:
                         self._queue_counts()
-                        continue
-                    self._wake.wait(due)
+                    else:
+                        self._wake.wait(due)
                 if not self._buffer:
                     return
                 chunk = [self._buffer.popleft() for _ in range(min(self.batch, len(self._buffer)))]
@@ -254,19 +207,17 @@ class FleetReporter:
             try:
                 self._send(chunk)
             except Exception as e:
-                with self._lock:
-                    self._counts["failures"] += 1
-                    room = self.capacity - len(self._buffer)
-                    keep = chunk[:max(0, room)]
-                    self._buffer.extendleft(reversed(keep))
-                    self._counts["dropped"] += len(chunk) - len(keep)
-                    self._inflight = 0
-                    closed = self._closed
                 log.warning("fleet feedback: cannot reach %s (%s: %s); retrying in %.1fs", self.key,
                             type(e).__name__, e, backoff)
                 self._client = None
-                if closed:
-                    return
+                with self._lock:
+                    self._counts["failures"] += 1
+                    keep = chunk[:max(0, self.capacity - len(self._buffer))]
+                    self._buffer.extendleft(reversed(keep))
+                    self._counts["dropped"] += len(chunk) - len(keep)
+                    self._inflight = 0
+                    if self._closed:
+                        return
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 60.0)
                 continue
@@ -275,8 +226,7 @@ class FleetReporter:
                 self._counts["sent"] += len(chunk)
                 self._inflight = 0
                 self._wake.notify_all()
-            if self.interval > 0:
-                time.sleep(self.interval)  # batch what arrives meanwhile
+            time.sleep(max(0.0, self.interval))  # batch what arrives meanwhile
 
     def _send(self, chunk: list[str]) -> None:
         if self._client is None:
@@ -288,20 +238,16 @@ class FleetReporter:
             pipe.xadd(self.key, {"report": text}, maxlen=self.maxlen, approximate=True)
         pipe.execute()
 
-    # -- introspection and shutdown -------------------------------------------------------------------------
-
     def stats(self) -> FeedbackStats:
         with self._lock:
             return FeedbackStats(pending=len(self._buffer), **self._counts)
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Queue the calls counted so far, then wait (at most ``timeout`` seconds) until the buffer is sent; True
-        when it was."""
+        """Queue the calls counted so far, then wait up to ``timeout`` s for the buffer to go; True if it went."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._queue_counts()
-            if self._buffer:
-                self._wake.notify_all()
+            self._wake.notify_all()
             while self._buffer or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None or not self._thread.is_alive():

@@ -13,9 +13,8 @@ from farm.policy import AccuracyKey, StackPolicy
 
 __all__ = [
     "DEFAULT_CONTEXT", "KEY_VERSION", "MAX_CANDIDATES", "MAX_KEY_BYTES", "MAX_NAME_BYTES", "CacheKey", "Candidate",
-    "OperationKey",
-    "Problem", "Scope", "cache_key", "check_request", "fields", "fits_workspace", "key_environment", "manifest",
-    "split_fields",
+    "OperationKey", "Problem", "Scope", "cache_key", "check_request", "fields", "fits_workspace",
+    "key_environment", "manifest", "split_fields",
 ]
 
 KEY_VERSION = "farm-stack-key-v1"
@@ -36,10 +35,8 @@ class Scope(enum.Enum):
 @dataclass(frozen=True)
 class Problem:
     """One exact tuning problem: an operation's workload on an environment, in an execution context.
-
-    ``workload`` is exact (dtype, shape, strides, parameters), never bucketed. ``persistent`` permits the disk and
-    fleet tiers; a session-only environment keeps decisions in memory only.
-    """
+    ``workload`` is exact (dtype, shape, strides, parameters), never bucketed; ``persistent`` permits the disk
+    and fleet tiers."""
 
     scope: Scope
     operation: str
@@ -61,23 +58,20 @@ class Candidate:
 
 def manifest(candidates: Sequence[Candidate]) -> str:
     """The ordered candidate manifest: name, revision, workspace estimate and eligibility of each."""
-    return fields(
-        fields([c.name, c.revision, "-" if c.workspace_bytes is None else str(c.workspace_bytes), str(c.eligible)])
-        for c in candidates
-    )
+    return fields(fields([c.name, c.revision, "-" if c.workspace_bytes is None else str(c.workspace_bytes),
+                          str(c.eligible)]) for c in candidates)
 
 
 def decode_manifest(text: str) -> tuple[Candidate, ...]:
     """The candidates of an encoded manifest (:func:`manifest`); ValueError for a malformed one."""
-    return tuple(_candidate(e) for e in split_fields(text))
-
-
-def _candidate(entry: str) -> Candidate:
-    parts = split_fields(entry)
-    if len(parts) != 4 or parts[3] not in ("True", "False"):
-        raise ValueError(f"manifest entry {entry!r} is not (name, revision, workspace, eligible)")
-    workspace = None if parts[2] == "-" else int(parts[2])
-    return Candidate(parts[0], parts[1], workspace, parts[3] == "True")
+    candidates = []
+    for entry in split_fields(text):
+        parts = split_fields(entry)
+        if len(parts) != 4 or parts[3] not in ("True", "False"):
+            raise ValueError(f"manifest entry {entry!r} is not (name, revision, workspace, eligible)")
+        workspace = None if parts[2] == "-" else int(parts[2])
+        candidates.append(Candidate(parts[0], parts[1], workspace, parts[3] == "True"))
+    return tuple(candidates)
 
 
 @dataclass(frozen=True)
@@ -102,19 +96,9 @@ class CacheKey:
                    problem.execution_context, reference, tuple(candidates), AccuracyKey.of(policy))
 
     def encode(self) -> str:
-        return fields(
-            [
-                self.version,
-                self.scope,
-                self.operation,
-                self.environment,
-                self.workload,
-                self.execution_context,
-                str(self.reference),
-                manifest(self.candidates),
-                self.accuracy.encode(),
-            ]
-        )
+        return fields([self.version, self.scope, self.operation, self.environment, self.workload,
+                       self.execution_context, str(self.reference), manifest(self.candidates),
+                       self.accuracy.encode()])
 
     @classmethod
     def decode(cls, text: str) -> CacheKey:
@@ -161,9 +145,7 @@ class OperationKey:
             parts = split_fields(text)
         except ValueError:
             return None
-        if len(parts) != 3 or not all(parts):
-            return None
-        return cls(*parts)
+        return cls(*parts) if len(parts) == 3 and all(parts) else None
 
 
 @functools.lru_cache(maxsize=4096)  # callers without the environment at hand ask it per lookup
@@ -174,9 +156,8 @@ def key_environment(key: str) -> str:
 
 def fits_workspace(candidate: Candidate, policy: StackPolicy) -> bool:
     """Whether the candidate's workspace fits the policy; an unknown estimate never fits an enabled limit."""
-    if policy.workspace_limit is None:
-        return True
-    return candidate.workspace_bytes is not None and candidate.workspace_bytes <= policy.workspace_limit
+    limit = policy.workspace_limit
+    return limit is None or (candidate.workspace_bytes is not None and candidate.workspace_bytes <= limit)
 
 
 def check_request(problem: Problem, candidates: Sequence[Candidate], reference: int, policy: StackPolicy) -> None:
@@ -210,18 +191,14 @@ def check_request(problem: Problem, candidates: Sequence[Candidate], reference: 
     if not ref.eligible:
         raise TuneFailure.invalid(f"reference {ref.name!r} is not eligible")
     if not fits_workspace(ref, policy):
-        raise TuneFailure.invalid(
-            f"reference {ref.name!r} workspace {ref.workspace_bytes!r} does not fit policy.workspace_limit "
-            f"{policy.workspace_limit}"
-        )
+        raise TuneFailure.invalid(f"reference {ref.name!r} workspace {ref.workspace_bytes!r} does not fit "
+                                  f"policy.workspace_limit {policy.workspace_limit}")
 
 
 def cache_key(problem: Problem, candidates: Sequence[Candidate], reference: int, policy: StackPolicy) -> str:
-    """The exact key of a decision: every field that can make a stored decision wrong or stale.
-
-    Raises INVALID_INPUT for malformed input or a key above 384 KiB. A lazy candidate list with spaces
-    (farm.roster.Roster) is keyed by its ``key_entries``: each space by its descriptor, never config by config.
-    """
+    """The exact key of a decision: every field that can make a stored decision wrong or stale. Raises
+    INVALID_INPUT for malformed input or a key above 384 KiB. A farm.roster.Roster is keyed by its
+    ``key_entries`` (a space by its descriptor)."""
     listed: Sequence[Candidate] = getattr(candidates, "key_entries", candidates)
     check_request(problem, listed, reference, policy)
     key = CacheKey.of(problem, listed, reference, policy).encode()

@@ -1,7 +1,6 @@
 """The types of JSON data as the farm's records hold it: a workload spec, an archive row, a report's fields.
 
-``JSONValue`` is what ``json.loads`` can return; ``JSONObject`` a JSON object. Records that carry such data type
-their fields with these, never ``Any``: what a field may hold is then checked where it is built."""
+``JSONValue`` is what ``json.loads`` can return; records type such fields with these, never ``Any``."""
 
 from __future__ import annotations
 

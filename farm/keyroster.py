@@ -1,13 +1,7 @@
 """A cache key's candidate roster, computed from the key alone (no kernel code).
 
-A decision's ``index`` is a roster position (``farm.roster``): the reference, then each listed candidate and each
-space's configs by rank. The key's manifest lists one entry per listed candidate and one *descriptor* per space
-(``tiled[block=16|32,unroll=1|2] where ... #hash``), and a descriptor carries the value lists, so the name at any
-position is computable by mixed-radix unranking, exactly as ``Space.config_name`` spells it. Archives, reports and
-the coordinator check "the winner's name is the roster's name at its index" with :class:`KeyRoster`.
-
-A descriptor shortened to a sha256 (a space whose descriptor is above 1 KiB) hides its value lists: positions from
-that space on cannot be named (:meth:`KeyRoster.name` returns None) and the roster's length is unknown.
+A space's descriptor carries its value lists, so every roster position (``farm.roster``) can be named, except
+from a hashed descriptor on (docs/spaces.md, "A decision's index over a space"). Also the mixed-radix helpers.
 """
 
 from __future__ import annotations
@@ -16,12 +10,15 @@ import bisect
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from dataclasses import dataclass
+from typing import TypeVar, overload
 
-from farm.roster import _View
+from farm.identity import CacheKey
 
+T = TypeVar("T")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BARE_VALUE = re.compile(r"[^|,\]]+")
 _HASHED = re.compile(r"[^\[\]]+\[sha256:[0-9a-f]{64}\]\Z")
 
 
@@ -38,11 +35,7 @@ class SpaceShape:
 
     def config_name(self, rank: int) -> str:
         """The canonical name of the config of ``rank`` (the first parameter most significant)."""
-        digits: list[str] = []
-        for _, values in reversed(self.params):
-            rank, digit = divmod(rank, len(values))
-            digits.append(values[digit])
-        spelled = zip((p for p, _ in self.params), reversed(digits), strict=True)
+        spelled = zip((p for p, _ in self.params), unrank(rank, [v for _, v in self.params]), strict=True)
         return f"{self.name}[{','.join(f'{p}={v}' for p, v in spelled)}]"
 
     def values_of(self, name: str) -> dict[str, str] | None:
@@ -65,13 +58,26 @@ class SpaceShape:
 
     def rank(self, name: str) -> int | None:
         """The rank of the config a canonical name denotes, or None for another name."""
-        spelled = self.values_of(name)
-        if spelled is None:
+        if (spelled := self.values_of(name)) is None:
             return None
-        rank = 0
-        for param, values in self.params:
-            rank = rank * len(values) + values.index(spelled[param])
-        return rank
+        return mixed_rank((values.index(spelled[param]), len(values)) for param, values in self.params)
+
+
+def unrank(rank: int, lists: Sequence[Sequence[T]]) -> list[T]:
+    """The values at ``rank`` of the cross product of ``lists`` (mixed radix, the first most significant)."""
+    digits: list[T] = []
+    for values in reversed(lists):
+        rank, digit = divmod(rank, len(values))
+        digits.append(values[digit])
+    return digits[::-1]
+
+
+def mixed_rank(digits: Iterable[tuple[int, int]]) -> int:
+    """The inverse of :func:`unrank`: the rank of (index in its list, list length) per list."""
+    rank = 0
+    for digit, radix in digits:
+        rank = rank * radix + digit
+    return rank
 
 
 def parse_descriptor(text: str) -> SpaceShape | None:
@@ -82,37 +88,30 @@ def parse_descriptor(text: str) -> SpaceShape | None:
     name, at = text[:open_at], open_at + 1
     params: list[tuple[str, tuple[str, ...]]] = []
     decoder = json.JSONDecoder()
-    while True:
+    sep = ","
+    while sep == ",":
         match = _IDENT.match(text, at)
         if match is None or text[match.end():match.end() + 1] != "=":
             return None
         param, at = match.group(), match.end() + 1
         values: list[str] = []
-        while True:
+        sep = "|"
+        while sep == "|":
             if text.startswith('"', at):
                 try:
-                    _, end = decoder.raw_decode(text, at)
+                    end = decoder.raw_decode(text, at)[1]
                 except ValueError:
                     return None
+            elif (bare := _BARE_VALUE.match(text, at)) is not None:
+                end = bare.end()
             else:
-                end = at
-                while end < len(text) and text[end] not in "|,]":
-                    end += 1
-                if end == at:
-                    return None
-            values.append(text[at:end])
+                return None
             if end >= len(text):
                 return None
+            values.append(text[at:end])
             at, sep = end + 1, text[end]
-            if sep != "|":
-                break
         params.append((param, tuple(values)))
-        if sep == "]":
-            break
-        if sep != ",":
-            return None
-    rest = text[at:]
-    if rest and not rest.startswith(" where "):
+    if sep != "]" or not (at == len(text) or text.startswith(" where ", at)):
         return None
     return SpaceShape(name, tuple(params))
 
@@ -125,28 +124,24 @@ class KeyRoster:
         self._starts: list[int] = []
         self._shapes: list[SpaceShape | None] = []
         self.sized = True  # False from a hashed descriptor on: positions past it cannot be named
-        start = 0
+        self._length = 0
         for entry in self.entries:
             shape = parse_descriptor(entry)
-            self._starts.append(start)
+            self._starts.append(self._length)
             self._shapes.append(shape)
             if shape is None and _HASHED.match(entry):
                 self.sized = False
                 break
-            start += 1 if shape is None else shape.size
-        self._length = start
+            self._length += 1 if shape is None else shape.size
         self.names: Sequence[str] = _View(self, self._named)  # position -> name, IndexError where unnamed
 
     @classmethod
     def of_key(cls, cache_key: str) -> KeyRoster:
         """The roster of an encoded cache key; ValueError when the key cannot be read."""
-        from farm.identity import CacheKey
-
         return cls([c.name for c in CacheKey.decode(cache_key).candidates])
 
     def _named(self, position: int) -> str:
-        name = self.name(position)
-        if name is None:
+        if (name := self.name(position)) is None:
             raise IndexError(f"candidate position {position} lies in a space whose descriptor is hashed")
         return name
 
@@ -166,24 +161,18 @@ class KeyRoster:
             return None
         segment = bisect.bisect_right(self._starts, position) - 1
         shape = self._shapes[segment]
-        if shape is None:
-            return self.entries[segment]
-        return shape.config_name(position - self._starts[segment])
+        return self.entries[segment] if shape is None else shape.config_name(position - self._starts[segment])
 
     @property
     def space_size(self) -> int | None:
         """How many configs the key's spaces declare (0 without spaces); None when a descriptor is hashed."""
-        if not self.sized:
-            return None
-        return sum(shape.size for shape in self._shapes if shape is not None)
+        return sum(shape.size for shape in self._shapes if shape is not None) if self.sized else None
 
     def in_space(self, position: int) -> bool:
         """Whether ``position`` is a space's config (not the reference or a listed candidate)."""
-        if not self.in_range(position):
-            return False
-        if position >= self._length:
-            return True  # past a hashed descriptor: only spaces are hashed
-        return self._shapes[bisect.bisect_right(self._starts, position) - 1] is not None
+        segment = bisect.bisect_right(self._starts, position) - 1
+        # past a hashed descriptor: only spaces are hashed
+        return self.in_range(position) and (position >= self._length or self._shapes[segment] is not None)
 
     def position(self, name: str) -> int | None:
         """The position of the candidate called ``name`` (a listed name or a config's canonical name), or None."""
@@ -191,8 +180,27 @@ class KeyRoster:
             if shape is None:
                 if entry == name:
                     return start
-                continue
-            rank = shape.rank(name)
-            if rank is not None:
+            elif (rank := shape.rank(name)) is not None:
                 return start + rank
         return None
+
+
+class _View(Sequence[T]):
+    """A lazy sequence as long as ``roster``, ``of(position)`` built on demand."""
+
+    def __init__(self, roster: Sized, of: Callable[[int], T]) -> None:
+        self._roster, self._of = roster, of
+
+    def __len__(self) -> int:
+        return len(self._roster)
+
+    @overload
+    def __getitem__(self, position: int) -> T: ...
+
+    @overload
+    def __getitem__(self, position: slice) -> Sequence[T]: ...
+
+    def __getitem__(self, position: int | slice) -> T | Sequence[T]:
+        if isinstance(position, slice):
+            return [self._of(i) for i in range(*position.indices(len(self)))]
+        return self._of(position)

@@ -1,31 +1,8 @@
 """Nearest decisions: the workload family of a cache key, the distance between two workloads of one family, and
 the in-memory family index (the archives' tier builds one per archive, on its first nearest lookup).
 
-A decision is exact: its key holds the workload's exact dtype, shapes and strides. A miss may still borrow the
-decision of a NEAR workload (``farm.borrowing``), one that differs from it only in dimension values. The **workload
-family** of a key is the key with the workload's dimension values taken out: the same key version, scope,
-operation, fingerprint, execution context, reference, candidate manifest and accuracy key, and a workload with the
-same arguments in the same order, each array with the same array module, dtype, rank and layout, each scalar
-parameter with the same type and value. Its **dimensions** are the shape values of every array argument, in order.
-
-Layout: an array is ``C`` when its strides are those of a C-contiguous array of its shape, ``F`` when they are a
-Fortran-ordered one's (strides of dimensions of size 0 or 1 are ignored, as NumPy does); any other layout keeps
-its literal strides in the family, so only arrays with exactly those strides are near.
-
-Workloads are read in :func:`farm.arrays.array_signature`'s form (every built-in operation's), or else in a
-bracketed form where every ``[d0,d1,...]`` of integers is a shape and all other text is exact (``f32[64,64]``:
-family ``f32[#,#]``, dimensions 64 and 64). A workload of any other form, or without a shape, has
-no family: it is never near another, and a miss for it goes on as before.
-
-**Distance** (log-scale, per dimension): ``distance(a, b) = max_i |log2 a_i - log2 b_i|``; a zero dimension is
-near only another zero (any other is infinitely far). A distance of 3 means "within a factor of 8 in every
-dimension" (``StackPolicy.max_distance``, default 3.0). Among the stored workloads of a family within
-``max_distance``, the nearest is the one with the smallest distance, then the smallest sum of per-dimension
-distances, then the smaller cache key text (deterministic).
-
-Index lookups are range scans on the first dimension's ``lead`` (``log2`` of it; -1 for a zero) within
-``max_distance`` of the query's: an index answers without reading the other workloads of the family (the local
-cache also filters on the second dimension's in SQL).
+The family, the layouts, the workload forms read and the distance: docs/nearest.md, "The family and the
+distance". Index lookups are range scans on the first dimension's ``lead``.
 """
 
 from __future__ import annotations
@@ -33,21 +10,23 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import itertools
 import math
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from farm.decisions import DecisionRecord
-from farm.encoding import fields
+from farm.encoding import field_spans, fields
 
 __all__ = [
     "SLACK", "Family", "FamilyIndex", "NearestHit", "NearestQuery", "Workload", "distance", "family_of",
     "dims_text", "hit", "lead", "nearest_first", "parse_workload", "query_of", "rank",
 ]
 
-_WORKLOAD, _ENVIRONMENT = 4, 3  # field positions in an encoded cache key (CacheKey.encode)
+_WORKLOAD, _ENVIRONMENT = 4, 3  # adjacent field positions in an encoded cache key (CacheKey.encode)
 SLACK = 1e-9  # log2 rounding: 3 and 24 are exactly a factor of 8 apart
 _SHAPE = re.compile(r"\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
 _ARRAY = re.compile(r"(numpy|cupy):([^()]+)\(([0-9, ]*)\)s\((.*)\)")
@@ -61,36 +40,24 @@ class Workload(NamedTuple):
 
 
 def _layout(shape: tuple[int, ...], strides: str) -> str:
+    """``C``, ``F`` or the literal strides (also for strides in bytes, not whole elements)."""
     try:
-        values = tuple(int(s) for s in strides.replace(" ", "").split(",") if s)
+        got = [int(s) for s in strides.replace(" ", "").split(",") if s]
     except ValueError:
-        return f"s({strides})"  # strides in bytes (not whole elements): literal
-    if len(values) != len(shape):
         return f"s({strides})"
-    if _contiguous(shape, values, reversed(range(len(shape)))):
-        return "C"
-    if _contiguous(shape, values, range(len(shape))):
-        return "F"
+    n = len(shape)
+    for name, order in (("C", range(n - 1, -1, -1)), ("F", range(n))):
+        steps = itertools.accumulate((shape[i] for i in order), operator.mul, initial=1)  # contiguous strides
+        if len(got) == n and all(shape[i] <= 1 or got[i] == s for i, s in zip(order, steps, strict=False)):
+            return name
     return f"s({strides})"
-
-
-def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], order: Iterable[int]) -> bool:
-    step = 1
-    for i in order:
-        if shape[i] > 1 and strides[i] != step:
-            return False
-        step *= shape[i]
-    return True
 
 
 @functools.lru_cache(maxsize=4096)  # a workload recurs across fingerprints, sets and accuracy keys
 def parse_workload(workload: str) -> Workload | None:
     """The family text and dimensions of a workload in :func:`~farm.arrays.array_signature`'s form, else in the
-    bracketed form (``f32[64,64]``); None for a workload of any other form or without dimensions (it has no
-    neighbours)."""
-    if workload.startswith(("numpy:", "cupy:")):
-        return _signature(workload)
-    return _bracketed(workload)
+    bracketed form (``f32[64,64]``); None for any other form or without dimensions (it has no neighbours)."""
+    return _signature(workload) if workload.startswith(("numpy:", "cupy:")) else _bracketed(workload)
 
 
 def _signature(workload: str) -> Workload | None:
@@ -104,20 +71,14 @@ def _signature(workload: str) -> Workload | None:
             parts.append(segment)  # a scalar parameter: exact
             continue
         module, dtype, shape_text, strides = m.groups()
-        try:
-            shape = tuple(int(s) for s in shape_text.replace(" ", "").split(",") if s)
-        except ValueError:
-            return None
+        shape = tuple(int(s) for s in shape_text.replace(" ", "").split(",") if s)  # _ARRAY: digits only
         parts.append(f"{module}:{dtype}[{len(shape)}]{_layout(shape, strides)}")
         dims.extend(shape)
-    if not dims:
-        return None
-    return Workload(";".join(parts), tuple(dims))
+    return Workload(";".join(parts), tuple(dims)) if dims else None
 
 
 def _bracketed(workload: str) -> Workload | None:
-    """The bracketed form: every ``[d0,d1,...]`` of integers is a shape (its values the dimensions, its rank kept
-    in the family as ``[#,#]``); all other text (dtypes, parameters, layouts) is exact."""
+    """Every ``[d0,d1,...]`` of integers is a shape (kept in the family as ``[#,#]``); the rest is exact."""
     dims: list[int] = []
 
     def shape(m: re.Match[str]) -> str:
@@ -137,12 +98,7 @@ def dims_text(dims: Sequence[int]) -> str:
 def distance(a: Sequence[int], b: Sequence[int]) -> float:
     """The log-scale distance of two workloads' dimensions: the largest ``|log2 a_i - log2 b_i|``; infinite for
     different ranks or a zero dimension against a non-zero one."""
-    if len(a) != len(b):
-        return math.inf
-    worst = 0.0
-    for x, y in zip(a, b, strict=True):
-        worst = max(worst, _gap(x, y))
-    return worst
+    return rank(a, b)[0]
 
 
 def _gap(x: int, y: int) -> float:
@@ -176,10 +132,6 @@ class NearestQuery:
     cache_key: str
     environment: str = ""
 
-    @property
-    def lead(self) -> float:
-        return lead(self.dims)
-
     def window(self, max_distance: float, at: int = 0) -> tuple[float, float]:
         """The range of ``lead(dims, at)`` values a neighbour within ``max_distance`` can have."""
         here = lead(self.dims, at)
@@ -198,30 +150,20 @@ class Family(NamedTuple):
 
 def family_of(cache_key: str) -> Family | None:
     """The family of an encoded cache key; None when its workload has no family or the key cannot be read.
-
-    On the publication path (every decision published is indexed), so the key is not split whole: only the
-    length prefixes up to its workload field are read (the order :meth:`CacheKey.encode` writes: version, scope,
-    operation, environment, workload), and the digest is the sha256 of the key with that field's text replaced by
-    the family's, byte for byte as the whole key re-encoded would be."""
+    The digest is the sha256 of ``family:`` and the key with its workload replaced by the family text; only
+    the fields up to the workload are split (the publication path)."""
     data = cache_key.encode()
-    spans = []
-    at = 0
-    for _ in range(_WORKLOAD + 1):
-        colon = data.find(b":", at)
-        if colon < 0 or not data[at:colon].isdigit():
-            return None
-        start = colon + 1
-        end = start + int(data[at:colon])
-        if end > len(data):
-            return None
-        spans.append((at, start, end))
-        at = end
-    field_at, start, end = spans[_WORKLOAD]
-    workload = data[start:end].decode()
-    parsed = parse_workload(workload)
-    if parsed is None:
+    try:
+        spans = list(itertools.islice(field_spans(data, b":"), _WORKLOAD + 1))
+    except ValueError:
         return None
-    env = data[spans[_ENVIRONMENT][1] : spans[_ENVIRONMENT][2]].decode()
+    if len(spans) <= _WORKLOAD:
+        return None
+    (env_start, field_at), (start, end) = spans[_ENVIRONMENT], spans[_WORKLOAD]
+    workload = data[start:end].decode()
+    if (parsed := parse_workload(workload)) is None:
+        return None
+    env = data[env_start:field_at].decode()
     digest = hashlib.sha256(b"family:" + data[:field_at] + fields([parsed.family]).encode() + data[end:])
     return Family(digest.hexdigest(), parsed.dims, workload, env)
 
@@ -229,9 +171,7 @@ def family_of(cache_key: str) -> Family | None:
 def query_of(cache_key: str) -> NearestQuery | None:
     """The nearest-decision query of a missed key; None when its workload has no family."""
     found = family_of(cache_key)
-    if found is None:
-        return None
-    return NearestQuery(found.digest, found.dims, cache_key, found.environment)
+    return None if found is None else NearestQuery(found.digest, found.dims, cache_key, found.environment)
 
 
 @dataclass(frozen=True)
@@ -249,9 +189,8 @@ class NearestHit:
 
 
 def hit(record: DecisionRecord, query: NearestQuery, max_distance: float) -> NearestHit | None:
-    """The answer a tier gives for a stored record it found through its index: None unless the record's own key
-    is of the query's family, another workload, within ``max_distance`` (an index is only a pointer: the record
-    is what is checked)."""
+    """A tier's answer for a record its index pointed to: None unless the record's own key is of the query's
+    family, another workload, within ``max_distance`` (an index is only a pointer)."""
     found = family_of(record.cache_key)
     if found is None or found.digest != query.digest or found.dims == query.dims:
         return None
@@ -287,16 +226,7 @@ class FamilyIndex:
             entries.sort()
             self._unsorted.discard(query.digest)
         low, high = query.window(max_distance)
-        at = bisect.bisect_left(entries, (low,))
-        found = []
-        while at < len(entries) and entries[at][0] <= high:
-            _, dims, ref = entries[at]
-            order = rank(query.dims, dims)
-            if order[0] <= max_distance + SLACK and dims != query.dims:
-                found.append((order, ref))
-            at += 1
-        found.sort()
-        return found
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self.families.values())
+        start = bisect.bisect_left(entries, (low,))
+        end = bisect.bisect_right(entries, high, lo=start, key=lambda entry: entry[0])
+        ranked = ((rank(query.dims, dims), ref) for _, dims, ref in entries[start:end] if dims != query.dims)
+        return sorted((order, ref) for order, ref in ranked if order[0] <= max_distance + SLACK)

@@ -36,26 +36,22 @@ class MemoryEviction(enum.Enum):
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Output comparison limits: ``|actual - expected| <= absolute + relative * |expected|``.
-
-    ``max_bytes`` bounds the combined readback of reference and candidate outputs; above it validation is
-    UNSUPPORTED rather than attempted.
-    """
+    """Output comparison limits: ``|actual - expected| <= absolute + relative * |expected|``. Validation is
+    UNSUPPORTED (not attempted) when reference and candidate outputs together exceed ``max_bytes``."""
 
     absolute: float = 1e-4
     relative: float = 1e-3
     max_bytes: int = 64 << 20
 
     def validate(self, where: str = "tolerance") -> None:
-        for name in ("absolute", "relative"):
-            value = getattr(self, name)
+        for name, value in (("absolute", self.absolute), ("relative", self.relative)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise TuneFailure.invalid(f"{where}.{name} must be finite and >= 0, got {value!r}")
         if isinstance(self.max_bytes, bool) or not isinstance(self.max_bytes, int) or self.max_bytes <= 0:
             raise TuneFailure.invalid(f"{where}.max_bytes must be a positive integer, got {self.max_bytes!r}")
 
     def to_dict(self) -> dict[str, float | int]:
-        return {"absolute": self.absolute, "relative": self.relative, "max_bytes": self.max_bytes}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, float | int]) -> Tolerance:
@@ -70,11 +66,7 @@ SCREENINGS = ("race", "full")
 @dataclass(frozen=True)
 class AccuracyKey:
     """The accuracy part of a cache key, with named parts: the policy settings that change what a decision means.
-
-    :meth:`encode` gives the text stored inside cache keys (byte-identical to every key written so far);
-    :meth:`decode` reads it back without positional parsing by callers. ``tolerance`` is (absolute, relative,
-    max_bytes).
-    """
+    :meth:`encode` gives the text stored in cache keys; ``tolerance`` is (absolute, relative, max_bytes)."""
 
     timing: str
     require_validation: bool
@@ -93,16 +85,9 @@ class AccuracyKey:
 
     def encode(self) -> str:
         a, r, m = self.tolerance
-        return fields(
-            [
-                "timing=" + self.timing,
-                f"require_validation={self.require_validation}",
-                f"tolerance={a!r},{r!r},{m}",
-                f"workspace_limit={self.workspace_limit}",
-                f"min_speedup={self.min_speedup!r}",
-                f"max_relative_mad={self.max_relative_mad!r}",
-            ]
-        )
+        return fields(["timing=" + self.timing, f"require_validation={self.require_validation}",
+                       f"tolerance={a!r},{r!r},{m}", f"workspace_limit={self.workspace_limit}",
+                       f"min_speedup={self.min_speedup!r}", f"max_relative_mad={self.max_relative_mad!r}"])
 
     @classmethod
     def decode(cls, text: str) -> AccuracyKey:
@@ -113,7 +98,7 @@ class AccuracyKey:
             if not sep:
                 raise ValueError(f"accuracy key part {part!r} is not name=value")
             parts[name] = value
-        names = ("timing", "require_validation", "tolerance", "workspace_limit", "min_speedup", "max_relative_mad")
+        names = tuple(f.name for f in dataclasses.fields(cls))
         if tuple(parts) != names:
             raise ValueError(f"accuracy key has parts {list(parts)}, expected {list(names)}")
         try:
@@ -131,36 +116,11 @@ class AccuracyKey:
 
 @dataclass(frozen=True)
 class StackPolicy:
-    """How the controller searches, validates, caches and invalidates. Durations are float seconds.
+    """How the controller searches, validates, caches and invalidates (durations in float seconds).
 
-    Call :meth:`validate` (the controller does) before use: an out-of-range field is an INVALID_INPUT failure
-    naming the field and value.
-
-    ``samples`` is the minimum number of pairs per candidate; ``max_samples`` (None: ``4 * samples + 1`` capped at
-    101, see :attr:`sample_limit`) bounds the extra pairs taken while its verdict is undecided. ``max_disturbed``
-    is the share of a winner's pairs that may be disturbed by interference before it is re-measured (and before a
-    confirmation stops counting). ``require_confirmation`` makes the farm publish only winners a second device
-    reproduced. None of the three is in the accuracy key: they bound effort and publication, not what a decided
-    verdict means (docs/decisions.md). ``trusted_keys`` (public key lines, ``farm keys init``) are the signers
-    whose archives an archive-directory fleet tier serves (empty: ``FARM_TRUSTED_KEYS``; docs/archives.md,
-    "Signatures"); not in the accuracy key either.
-
-    ``strategy`` chooses which configs of a tunable set's spaces a search evaluates (farm.strategies):
-    "exhaustive" (every feasible config in order), "random" (distinct feasible configs drawn with ``seed``) or
-    "bayes" (Optuna's TPE sampler, the ``tuning-farm[bayes]`` extra) or "local" (a local search guided by an
-    additive model, farm.localsearch: the best at a hundred configs on the recorded GPU spaces). ``max_configs`` (None: no limit but the
-    space and the budget) bounds the space configs evaluated; ``max_candidates`` bounds the listed candidates.
-    Like the budget they bound effort, so they are recorded with the decision and are not in the accuracy key.
-    ``nearest`` lets a miss (EXPLORE or CACHE_ONLY) borrow the stored decision of the nearest workload of the same
-    family within ``max_distance`` (log2 per dimension: 3.0 is a factor of 8 in each), validated once on the live
-    workload before use (farm.nearest, farm.borrowing). Neither is in the accuracy key: a borrowed decision is
-    never stored.
-
-    ``screening`` says how a space's configs are evaluated (farm.racing): "race" (the default) validates each
-    config, times it in order-balanced pairs against the incumbent (the best config so far) and drops it as soon
-    as it is decided slower; only the race's winner gets the full verdict against the reference. "full" gives
-    every config the full protocol against the reference. Listed candidates always get the full protocol. It
-    bounds effort, not meaning: not in the accuracy key.
+    :meth:`validate` (the controller calls it) raises INVALID_INPUT naming an out-of-range field and value.
+    Each field's meaning, default and range: docs/contract.md ("Policy"), docs/catalog.md ("[policy]"),
+    docs/decisions.md. Only the :class:`AccuracyKey` fields change what a decision means (the cache key's).
     """
 
     mode: Mode = Mode.EXPLORE
@@ -210,25 +170,19 @@ class StackPolicy:
             if not ok:
                 raise bad(name, f"must be finite and {'>' if strict else '>='} {minimum}")
 
-        if not isinstance(self.mode, Mode):
-            raise bad("mode", "must be a Mode")
-        if not isinstance(self.timing, Timing):
-            raise bad("timing", "must be a Timing")
-        if not isinstance(self.require_validation, bool):
-            raise bad("require_validation", "must be a bool")
-        if not isinstance(self.require_confirmation, bool):
-            raise bad("require_confirmation", "must be a bool")
-        if not isinstance(self.tolerance, Tolerance):
-            raise bad("tolerance", "must be a Tolerance")
+        kinds = (("mode", Mode), ("timing", Timing), ("require_validation", bool),
+                 ("require_confirmation", bool), ("nearest", bool), ("tolerance", Tolerance))
+        for name, kind in kinds:
+            if not isinstance(getattr(self, name), kind):
+                raise bad(name, f"must be a {kind.__name__}")
         self.tolerance.validate("policy.tolerance")
         if not (isinstance(self.trusted_keys, tuple) and all(isinstance(k, str) for k in self.trusted_keys)):
             raise bad("trusted_keys", "must be a tuple of public key lines")
-        if self.trusted_keys:
-            for i, line in enumerate(self.trusted_keys):
-                try:
-                    parse_public_key(line, f"policy.trusted_keys[{i}]")
-                except FarmError as e:
-                    raise TuneFailure.invalid(str(e)) from None
+        for i, line in enumerate(self.trusted_keys):
+            try:
+                parse_public_key(line, f"policy.trusted_keys[{i}]")
+            except FarmError as e:
+                raise TuneFailure.invalid(str(e)) from None
         integer("warmups", 1, 100)
         integer("samples", 3, 101, odd=True)
         if self.max_samples is not None:
@@ -237,9 +191,8 @@ class StackPolicy:
         real("budget", 0.0, strict=True)
         real("min_speedup", 1.0)
         real("max_relative_mad", 0.0)
-        if self.workspace_limit is not None and (
-            isinstance(self.workspace_limit, bool) or not isinstance(self.workspace_limit, int) or self.workspace_limit < 0
-        ):
+        limit = self.workspace_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise bad("workspace_limit", "must be None or an integer >= 0")
         integer("capacity", 1, 65536)
         real("ttl", 0.0, strict=True)
@@ -256,56 +209,43 @@ class StackPolicy:
         integer("seed", 0, (1 << 63) - 1)
         if self.screening not in SCREENINGS:
             raise bad("screening", f"must be one of {', '.join(SCREENINGS)}")
-        if not isinstance(self.nearest, bool):
-            raise bad("nearest", "must be a bool")
         real("max_distance", 0.0)
         return self
 
     @property
     def sample_limit(self) -> int:
-        """The most pairs one candidate may take: ``max_samples``, or by default ``4 * samples + 1`` capped at
-        101 (never below ``samples``)."""
+        """The most pairs one candidate may take: ``max_samples``, else ``4 * samples + 1`` capped at 101."""
         if self.max_samples is not None:
             return self.max_samples
         return max(self.samples, min(4 * self.samples + 1, 101))
 
     def accuracy_key(self) -> str:
-        """The policy fields that change what a decision means (the mode is excluded on purpose), encoded.
-
-        An offline EXPLORE cache therefore serves a CACHE_ONLY deployment with the same accuracy settings.
-        """
+        """The encoded :class:`AccuracyKey` (not the mode: an EXPLORE cache serves CACHE_ONLY deployments)."""
         return AccuracyKey.of(self).encode()
 
     def replace(self, **changes: object) -> StackPolicy:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, object]:
-        data = dataclasses.asdict(self)
-        data["mode"] = self.mode.value
-        data["timing"] = self.timing.value
-        data["tolerance"] = self.tolerance.to_dict()
-        return data
+        return {**dataclasses.asdict(self), "mode": self.mode.value, "timing": self.timing.value}
 
     @classmethod
     def from_dict(cls, data: dict[str, object], where: str = "policy") -> StackPolicy:
         """Build a policy from JSON-like data; unknown fields or wrong values name the field."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise TuneFailure.invalid(f"{where}: unknown field {unknown[0]!r}")
         values: dict[str, object] = dict(data)
         try:
             if isinstance(values.get("trusted_keys"), list):
                 values["trusted_keys"] = tuple(values["trusted_keys"])  # type: ignore[arg-type]
-            if "mode" in values:
-                values["mode"] = Mode(values["mode"])
-            if "timing" in values:
-                values["timing"] = Timing(values["timing"])
-            if "tolerance" in values:
-                tol = values["tolerance"]
-                if not isinstance(tol, dict):
-                    raise TuneFailure.invalid(f"{where}.tolerance must be a table, got {tol!r}")
-                values["tolerance"] = Tolerance(**tol)
+            for name, kind in (("mode", Mode), ("timing", Timing)):
+                if name in values:
+                    values[name] = kind(values[name])
+            tol = values.get("tolerance", {})  # absent: the default Tolerance()
+            if not isinstance(tol, dict):
+                raise TuneFailure.invalid(f"{where}.tolerance must be a table, got {tol!r}")
+            values["tolerance"] = Tolerance(**tol)
         except (ValueError, TypeError) as e:
             raise TuneFailure.invalid(f"{where}: {e}") from e
         return cls(**values).validate()  # type: ignore[arg-type]

@@ -1,22 +1,8 @@
 """Priors: other fingerprints' decisions of the same problem family, read as rankings and weighted by how well
 each one has predicted this device so far.
 
-A prior is a :class:`Source`: a name (the fingerprint it was measured on) and a ranking of config names with their
-estimated ratios to the reference, best first. It is read from a ``farm.tune`` result (``Tuned``: its report's
-``estimates``, every config it evaluated) or a decision record (its meta's ``ranked``: the best ``RANKED`` configs).
-A search evaluates the priors' best configs first (:class:`PriorFirst`, a strategy wrapper), so racing starts from
-a strong incumbent and the strategy is seeded with their results; then its own strategy takes over.
-
-**Weights.** A source's weight is its rank agreement with this device on the configs both measured, shrunk toward
-trust while there is little evidence: ``max(0, 2 (C + A) / (C + D + A) - 1)`` with C and D the concordant and
-discordant pairs and ``A = AGREEMENT_PRIOR`` pseudo-pairs of agreement. A complete source (its search covered the
-space) ranks every config it does not list below the ones it lists, so a config this device found faster than
-the source's favourites counts against it. A source that ranks this device's configs in reverse gets weight 0 and
-proposes nothing more. Priors change effort, never meaning: every config they propose gets the same trials as any.
-
-On the farm the coordinator finds them by itself: the same problem family's decisions on up to :data:`SOURCES`
-other fingerprints (:func:`from_records` names each by its fingerprint digest), sent first in rounds of their own
-(:meth:`PriorFirst.lead`; docs/spaces.md, "Fleet priors on the farm").
+A search evaluates the priors' best configs first (:class:`PriorFirst`); they change effort, never meaning
+(docs/spaces.md, "Priors: starting from other devices' decisions" and "Fleet priors on the farm").
 """
 
 from __future__ import annotations
@@ -34,18 +20,13 @@ from farm.roster import Roster
 from farm.stores.base import DecisionRecord
 from farm.strategies import Sampler
 
-RANKED = 32
-"""The best configs a decision's meta keeps with their ratios (what another SKU's search reads)."""
-FIRST = 16
-"""The most configs the priors propose before the strategy's own (an exhaustive search: the order only)."""
-SHARE = 0.5
-"""The most share of ``max_configs`` the priors propose."""
-AGREEMENT_PRIOR = 2.0
-"""Pseudo-pairs of agreement a source starts with (its weight is 1 until this device's results say otherwise)."""
-MUTE = 0.25
-"""A config is proposed by the priors only while its weighted score is at least this (a muted source: none)."""
-SOURCES = 8
-"""The most other fingerprints' decisions the farm seeds one search with (a store's lookup reads no more)."""
+RANKED = 32  # the best configs a decision's meta keeps with their ratios (what another SKU's search reads)
+FIRST = 16  # the most configs the priors propose before the strategy's own
+SHARE = 0.5  # the most share of ``max_configs`` the priors propose
+AGREEMENT_PRIOR = 2.0  # pseudo-pairs of agreement a source starts with (its weight is 1 until evidence)
+MUTE = 0.25  # the priors propose a config only while its weighted score is at least this
+SOURCES = 8  # the most other fingerprints' decisions the farm seeds one search with
+DECAY = 4.0  # ranks over which a source's score halves: a trusted source proposes about its best 12
 
 
 @dataclass(frozen=True)
@@ -68,7 +49,11 @@ def source(prior: Any, limit: int | None = None) -> Source:
         if not isinstance(ranked, list) or not ranked:
             raise ValueError(f"decision {prior.name!r} keeps no ranking (meta 'ranked'): it cannot be a prior")
         pairs = [(str(n), float(r)) for n, r in ranked]
-        found = Source(_environment(prior.cache_key), tuple(pairs), prior.meta.get("covered") is not None)
+        try:
+            environment = CacheKey.decode(prior.cache_key).environment
+        except ValueError:  # a key this version cannot read still names a source
+            environment = prior.cache_key[:64]
+        found = Source(environment, tuple(pairs), prior.meta.get("covered") is not None)
     elif getattr(prior, "report", None) is not None and hasattr(prior.report, "estimates"):
         report = prior.report
         if not report.estimates:
@@ -77,8 +62,7 @@ def source(prior: Any, limit: int | None = None) -> Source:
     else:
         raise ValueError(f"a prior must be a Tuned result or a DecisionRecord, got {type(prior).__name__}")
     ranking = sorted(((n, r) for n, r in found.ranking if r > 0 and math.isfinite(r)), key=lambda nr: nr[1])
-    kept = tuple(ranking[:limit] if limit is not None else ranking)
-    return dataclasses.replace(found, ranking=kept)  # a complete ranking cut short still ranks the rest below
+    return dataclasses.replace(found, ranking=tuple(ranking[:limit]))  # a complete one: the rest still below
 
 
 def from_records(found: Iterable[tuple[str, DecisionRecord]], limit: int | None = None) -> tuple[Source, ...]:
@@ -86,51 +70,28 @@ def from_records(found: Iterable[tuple[str, DecisionRecord]], limit: int | None 
     farm decision names the fingerprint it was measured on by digest); a record without a ranking is left out."""
     out = []
     for digest, record in found:
-        ranking = record.meta.get("ranked")
-        if isinstance(ranking, list) and ranking:
-            try:
-                out.append(dataclasses.replace(source(record, limit), name=digest))
-            except (ValueError, TypeError):  # a malformed ranking: not a prior
-                continue
+        with contextlib.suppress(ValueError, TypeError):  # no ranking, or a malformed one: not a prior
+            out.append(dataclasses.replace(source(record, limit), name=digest))
     return tuple(out)
-
-
-def _environment(key: str) -> str:
-    try:
-        return CacheKey.decode(key).environment
-    except ValueError:  # a key this version cannot read still names a source
-        return key[:64]
 
 
 def ranked(estimates: Mapping[str, float | None], reference: str, limit: int | None = None) -> list[tuple[str, float]]:
     """Configs with their estimates, best first, ``limit`` of them, the reference (ratio 1) always among them."""
-    good = sorted(((n, float(r)) for n, r in estimates.items() if r is not None and math.isfinite(r) and r > 0),
-                  key=lambda nr: nr[1])
-    kept = good[:limit] if limit is not None else good
+    good = ((n, float(r)) for n, r in estimates.items() if r is not None and math.isfinite(r) and r > 0)
+    kept = sorted(good, key=lambda nr: nr[1])[:limit]
     return kept if any(n == reference for n, _ in kept) else [*kept, (reference, 1.0)]
 
 
 def weight(src: Source, measured: Mapping[str, float]) -> float:
-    """How well ``src`` predicted this device: rank agreement on the configs both measured (module docstring);
-    ``measured`` maps config names to this device's ratios. 1 without evidence, 0 for a reversed ranking."""
+    """How well ``src`` predicted this device's ratios ``measured``, its rank agreement (docs/spaces.md,
+    "Weighted by how well they predict this device"): 1 without evidence, 0 for a reversed ranking."""
     rank = {n: i for i, (n, _) in enumerate(src.ranking)}
-    bottom = len(rank)  # a complete source ranks what it does not list below its list, all tied
-    here = [(rank.get(n, bottom), r) for n, r in measured.items() if n in rank or src.complete]
-    concordant = discordant = 0
-    for i, (a, ra) in enumerate(here):
-        for b, rb in here[i + 1:]:
-            if a == b or ra == rb:
-                continue
-            if (a < b) == (ra < rb):
-                concordant += 1
-            else:
-                discordant += 1
+    here = [(rank.get(n, len(rank)), r) for n, r in measured.items() if n in rank or src.complete]
+    agrees = [(a < b) == (ra < rb) for i, (a, ra) in enumerate(here) for b, rb in here[i + 1:]
+              if a != b and ra != rb]
+    concordant, discordant = sum(agrees), len(agrees) - sum(agrees)
     agreement = (concordant + AGREEMENT_PRIOR) / (concordant + discordant + AGREEMENT_PRIOR)
     return max(0.0, 2.0 * agreement - 1.0)
-
-
-DECAY = 4.0
-"""Ranks over which a source's score halves: a trusted source proposes about its best 12 (score >= ``MUTE``)."""
 
 
 def scores(sources: Sequence[Source], weights: Sequence[float]) -> dict[str, float]:
@@ -143,11 +104,8 @@ def scores(sources: Sequence[Source], weights: Sequence[float]) -> dict[str, flo
 
 
 class PriorFirst:
-    """A strategy wrapper: the priors' best configs first (re-weighted after every result), then ``inner``'s.
-
-    The inner strategy adopts the configs the priors proposed (it never proposes them again) and is told their
-    results, so a model-based one starts from them. The priors propose at most ``FIRST`` configs (and at most
-    ``SHARE`` of ``max_configs``), only while the best remaining score is at least ``MUTE``."""
+    """A strategy wrapper: the priors' best configs first (re-weighted after every result), then ``inner``'s,
+    which adopts them and is told their results; at most ``FIRST`` (and ``SHARE`` of ``max_configs``)."""
 
     def __init__(self, inner: Sampler, roster: Roster, sources: Sequence[Source], max_configs: int | None,
                  reference: str) -> None:
@@ -156,16 +114,14 @@ class PriorFirst:
         self.cap = FIRST if max_configs is None else min(FIRST, int(max_configs * SHARE))
         self.proposed: set[str] = set()
         self.measured: dict[str, float] = {reference: 1.0}  # every source's reference is at 1 too
-        names = {n for s in self.sources for n, _ in s.ranking}
-        found = {n: roster.position(n) for n in names}
+        found = {n: roster.position(n) for s in self.sources for n, _ in s.ranking}
         self.positions = {n: p for n, p in found.items() if p is not None and roster[p].eligible
                           and roster.locate(p)[0].space is not None}
         self.weights = [1.0] * len(self.sources)
 
     def lead(self, n: int) -> list[int]:
-        """The priors' own next configs (at most ``n``, adopted by the inner strategy); [] once they are done (their
-        cap reached, or no config scores ``MUTE``): from then on :meth:`ask` is the inner strategy's, for good. The
-        farm sends these in rounds of their own (``farm_coordinator.spacestrategy``), each told before the next."""
+        """The priors' own next configs (at most ``n``, adopted by the inner strategy); [] once they are done
+        (cap reached, or no config scores ``MUTE``), and from then on :meth:`ask` is the inner strategy's."""
         out: list[int] = []
         if len(self.proposed) < self.cap:
             score = scores(self.sources, self.weights)
@@ -191,9 +147,8 @@ class PriorFirst:
 
     def tell(self, results: Sequence[tuple[int, float | None]]) -> None:
         names = self.roster.names
-        for position, ratio in results:
-            if ratio is not None and ratio > 0 and math.isfinite(ratio):
-                self.measured[names[position]] = ratio
+        self.measured.update((names[p], ratio) for p, ratio in results
+                             if ratio is not None and ratio > 0 and math.isfinite(ratio))
         if len(self.proposed) < self.cap:  # the weights order only the priors' own proposals
             self.weights = [weight(s, self.measured) for s in self.sources]
         self.inner.tell(results)

@@ -1,28 +1,8 @@
 """Replay: a recorded tuning space served as a device, so a search runs on real GPU data without a GPU.
 
-A recording is a Kernel Tuner cache file (``.json`` or ``.json.gz``): for each measured config of one kernel on
-one device, its recorded run times (ms), its compile time (ms) and its failures. :func:`load` reads one::
-
-    rec = farm.replay.load("recordings/benchmark_hub/convolution_A100.json.gz")
-    tuned = farm.tune(rec.tunable, rec.inputs, device=rec.client(seed=0),
-                      policy=farm.StackPolicy(timing=farm.Timing.DEVICE, strategy="bayes", max_configs=100))
-
-- ``rec.tunable`` has a reference (the recording's first valid config in parameter order, the untuned default,
-  unless ``reference={...}`` names another) and one space named ``kernel`` over the recorded parameters. Configs
-  missing from the recording are infeasible (a restriction); a recorded failure fails as recorded when it runs
-  (a compile failure, a runtime error): a verdict, never a winner. Every config that ran returns the same output,
-  so validation passes (the recording's author validated them, or recorded a failure).
-- ``rec.client(seed)`` is a :class:`ReplayClient`: a run takes a time drawn (seeded) from the config's recorded
-  samples and advances a simulated clock; nothing sleeps. ``client.device_seconds`` is what the device ran
-  (validation, warm-ups, timed runs), ``client.compile_seconds`` the recorded compile time of every config it
-  built, charged once per config.
-- The client's fingerprint names the recorded device, the ``replay`` backend and the file's content hash, so a
-  replayed decision is never served to a real device, nor to another recording.
-
-A hostile file gets a :class:`~farm.errors.ConfigError` naming the file, the field and the value: one that is not
-a regular file, larger than :data:`MAX_BYTES` (compressed or not), malformed JSON, a config whose values are not
-the declared ones, times that are not positive finite numbers. ``root=`` confines the path to a folder (a catalog's
-recordings: a path that resolves outside it is refused).
+A recording is a Kernel Tuner cache file (``.json`` or ``.json.gz``); :func:`load` reads one into a
+:class:`Recording`, whose ``tunable``, ``inputs`` and ``client(seed)`` run a search on it. Its configs,
+failures, simulated clock, fingerprint and the refusal of hostile files: docs/replay.md.
 """
 
 from __future__ import annotations
@@ -42,17 +22,11 @@ import numpy as np
 
 from farm.errors import ConfigError, ReplayFailure
 from farm.identity import fields
-from farm.runtimes.replay import (
-    Key,
-    Recorded,
-    ReplayClient,
-    active_client,
-)
+from farm.runtimes.replay import Key, Recorded, ReplayClient, active_client
 from farm.space import Space, format_value
 from farm.tunable import TunableSet
 
-MAX_BYTES = 512 * 1024 * 1024
-"""The largest recording read, compressed and decompressed alike (the largest public ones are ~60 MB)."""
+MAX_BYTES = 512 * 1024 * 1024  # the largest recording read, compressed or not (public ones are ~60 MB)
 
 SPACE = "kernel"
 REFERENCE = "reference"
@@ -117,12 +91,10 @@ class Recording:
         keys = document.get("tune_params_keys", list(params))
         if not isinstance(keys, list) or sorted(map(str, keys)) != sorted(params):
             raise ConfigError(where, "tune_params_keys", keys, "must list the tune_params names")
-        self.params: dict[str, list[Any]] = {}
-        for name in keys:
-            values = params[name]
+        self.params: dict[str, list[Any]] = {name: params[name] for name in keys}
+        for name, values in self.params.items():
             if not isinstance(values, list) or not values or not all(_plain(v) for v in values):
                 raise ConfigError(where, f"tune_params.{name}", values, "must be a non-empty list of numbers or strings")
-            self.params[name] = values
         self.names = tuple(self.params)
         name = document.get("device_name", "")
         kernel = document.get("kernel_name", "kernel")
@@ -138,8 +110,6 @@ class Recording:
         self.inputs: tuple[Launch] = (Launch(self),)
         self._space = self.tunable.spaces[0]
 
-    # -- reading -----------------------------------------------------------------------------------------
-
     def _configs(self, where: str, cache: Any) -> dict[Key, Recorded]:
         if not isinstance(cache, dict) or not cache:
             raise ConfigError(where, "cache", type(cache).__name__, "must be a non-empty object of recorded configs")
@@ -149,15 +119,13 @@ class Recording:
             field = f"cache.{label}"
             if not isinstance(entry, dict):
                 raise ConfigError(where, field, type(entry).__name__, "must be an object")
-            key = []
-            for n in self.names:
-                value = entry.get(n)
+            key = tuple(entry.get(n) for n in self.names)
+            for n, value in zip(self.names, key, strict=True):
                 if not _plain(value) or format_value(value) not in spelled[n]:  # type: ignore[arg-type]
                     raise ConfigError(where, f"{field}.{n}", value, f"is not one of tune_params.{n}")
-                key.append(value)
             recorded = _recorded(where, field, entry)
             if recorded is not None:
-                configs[tuple(key)] = recorded
+                configs[key] = recorded
         if not any(r.failure is None for r in configs.values()):
             raise ConfigError(where, "cache", len(cache), "records no valid config")
         return configs
@@ -183,8 +151,6 @@ class Recording:
                            identity=identity))
         return ts
 
-    # -- what a caller asks --------------------------------------------------------------------------------
-
     def key(self, config: Mapping[str, Any]) -> Key:
         return tuple(config[n] for n in self.names)
 
@@ -202,8 +168,7 @@ class Recording:
         return self._space.config_name(config)
 
     def mean_ms(self, name: str) -> float:
-        """The recorded mean time (ms) of a candidate name (the reference's too); inf for a recorded failure.
-        KeyError for a name that is not a recorded config."""
+        """The recorded mean ms of a candidate name (or ``reference``); inf: a failure; KeyError: unrecorded."""
         recorded = self.configs.get(self.key(self.config_of(name)))
         if recorded is None:
             raise KeyError(f"{name!r} was not recorded in {self.path.name}")
@@ -214,11 +179,6 @@ class Recording:
         """(name, recorded mean ms) of the recorded optimum."""
         key, recorded = min(((k, r) for k, r in self.configs.items() if r.failure is None), key=lambda kr: kr[1].mean)
         return self.name_of(dict(zip(self.names, key, strict=True))), recorded.mean * 1e3
-
-    @property
-    def brute_force_seconds(self) -> float:
-        """What benchmarking every recorded config cost the recording's tuner: the sum of all recorded runs."""
-        return sum(sum(r.times) for r in self.configs.values())
 
     def client(self, seed: int = 0, index: int = 0) -> ReplayClient:
         """A device serving this recording; ``index`` tells parallel devices of the same recording apart."""

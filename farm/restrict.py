@@ -1,11 +1,7 @@
 """Safe restriction expressions of a tuning space: parsed with ``ast``, evaluated by a whitelist interpreter.
 
-A restriction such as ``"block * unroll <= 256 and block % 32 == 0"`` is never given to ``eval``. The grammar is:
-numbers, strings, booleans, the space's parameter names, tuples/lists of those (for ``in``), arithmetic
-(``+ - * / // % **``, unary ``- + not``), comparisons (chained too), ``and``/``or``, ``x if c else y`` and calls of
-``min``/``max`` only. Attributes, subscripts, other calls, lambdas, comprehensions, f-strings and every name that
-is not a parameter are refused when the expression is compiled, so an error names the expression before any
-trial runs. Exponents and integers are bounded so no expression can exhaust memory or time.
+A restriction such as ``"block * unroll <= 256"`` is never given to ``eval``: its grammar (docs/spaces.md,
+``restrict``) is checked before any trial runs, and evaluation bounds exponents, integers and strings.
 """
 
 from __future__ import annotations
@@ -37,10 +33,7 @@ _CALLS: dict[str, Callable[..., Any]] = {"min": min, "max": max}
 
 def compile_restriction(text: str, names: tuple[str, ...], where: str) -> Callable[[Mapping[str, Value]], bool]:
     """Check ``text`` against the grammar and the parameter ``names``; return a predicate over a config.
-
-    Raises INVALID_INPUT naming ``where`` (the space) and the expression for a syntax error, a construct outside
-    the grammar, or an unknown name.
-    """
+    Raises INVALID_INPUT naming ``where`` (the space) and the expression for anything outside them."""
     def invalid(why: str) -> TuneFailure:
         return TuneFailure.invalid(f"{where}: restriction {text!r} {why}")
 
@@ -56,17 +49,14 @@ def compile_restriction(text: str, names: tuple[str, ...], where: str) -> Callab
         if count > MAX_NODES:
             raise invalid(f"has more than {MAX_NODES} parts")
         _check(node, names, invalid)
-    body = tree.body
 
     def predicate(config: Mapping[str, Value]) -> bool:
         try:
-            return bool(_eval(body, config))
-        except RestrictionError as e:
-            raise RestrictionError(f"{where}: restriction {text!r} failed for {dict(config)}: {e}") from None
-        except (ArithmeticError, TypeError, ValueError) as e:
-            raise RestrictionError(
-                f"{where}: restriction {text!r} failed for {dict(config)}: {type(e).__name__}: {e}"
-            ) from None
+            return bool(_eval(tree.body, config))
+        except (RestrictionError, ArithmeticError, TypeError, ValueError) as e:
+            why = str(e) if isinstance(e, RestrictionError) else f"{type(e).__name__}: {e}"
+            message = f"{where}: restriction {text!r} failed for {dict(config)}: {why}"
+            raise RestrictionError(message) from None
 
     return predicate
 
@@ -104,10 +94,9 @@ def _eval(node: ast.expr, config: Mapping[str, Value]) -> Any:
         return config[node.id]
     if isinstance(node, (ast.Tuple, ast.List)):
         return tuple(_eval(e, config) for e in node.elts)
-    if isinstance(node, ast.BoolOp):
-        if isinstance(node.op, ast.And):
-            return all(_eval(v, config) for v in node.values)
-        return any(_eval(v, config) for v in node.values)
+    if isinstance(node, ast.BoolOp):  # short-circuits; the result is a bool
+        holds = all if isinstance(node.op, ast.And) else any
+        return holds(_eval(v, config) for v in node.values)
     if isinstance(node, ast.UnaryOp):
         value = _eval(node.operand, config)
         if isinstance(node.op, ast.Not):

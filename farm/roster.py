@@ -1,29 +1,25 @@
 """The candidate list of a tunable set with spaces: a lazy sequence, never materialized.
 
-Positions are the controller's candidate indices: the reference first, then each priority group in order (its
-plain candidates, then its spaces, each space's configs by rank). A space's position range holds every config of
-its cross product; an infeasible config (a restriction fails) is an ineligible candidate no strategy proposes.
-``roster[p]`` builds one :class:`Candidate` on demand; :attr:`key_entries` is what a cache key lists (a plain
-candidate each, one descriptor per space); :meth:`position` resolves a canonical name back to its position.
+Positions are the controller's candidate indices: the reference, then each priority group (its plain
+candidates, then each space's configs by rank; an infeasible config is an ineligible candidate).
+:attr:`Roster.key_entries` is what a cache key lists: a plain candidate each, one descriptor per space.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import Any
 
 from farm.identity import Candidate
+from farm.keyroster import _View
 from farm.space import Config, Space
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of positions: one plain candidate (``space`` None, ``index`` its set index), or a space's configs
-    (``index`` the set index of its rank 0)."""
+    """A run of positions: a plain candidate (``space`` None) or a space's configs; ``index``: the first's."""
 
     start: int
     size: int
@@ -31,7 +27,7 @@ class Segment:
     space: Space | None = None
 
 
-class Roster(Sequence[Candidate]):
+class Roster(_View[Candidate]):
     """A lazy candidate list; see the module docstring. Built by ``TunableSet.roster()``."""
 
     def __init__(self, segments: Sequence[Segment], plain: Callable[[int], Any], identity: str) -> None:
@@ -40,14 +36,11 @@ class Roster(Sequence[Candidate]):
         self._plain = plain  # set index -> farm.tunable.Implementation
         self._identity = identity
         self._length = sum(s.size for s in self.segments)
+        super().__init__(range(self._length), self._candidate)
         self.key_entries: tuple[Candidate, ...] = tuple(
-            s.space.entry() if s.space is not None else plain(s.index).candidate() for s in self.segments
-        )
+            s.space.entry() if s.space is not None else plain(s.index).candidate() for s in self.segments)
         self.names: Sequence[str] = _View(self, lambda p: self[p].name)
         self.indices: Sequence[int] = _View(self, self._index)  # position -> the set's implementation index
-
-    def __len__(self) -> int:
-        return self._length
 
     def __hash__(self) -> int:
         return hash((self._identity, self.key_entries))
@@ -55,20 +48,11 @@ class Roster(Sequence[Candidate]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Roster) and (self._identity, self.key_entries) == (other._identity, other.key_entries)
 
-    @overload
-    def __getitem__(self, position: int) -> Candidate: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[Candidate]: ...
-
-    def __getitem__(self, position: int | slice) -> Candidate | Sequence[Candidate]:
-        if isinstance(position, slice):
-            return [self[i] for i in range(*position.indices(len(self)))]
+    def _candidate(self, position: int) -> Candidate:
         segment, offset = self.locate(position)
-        if segment.space is None:
+        if (space := segment.space) is None:
             candidate: Candidate = self._plain(segment.index).candidate()
             return candidate
-        space = segment.space
         config = space.config(offset)
         return Candidate(space.config_name(config), space.revision, space.workspace_bytes,
                          space.eligible and space.feasible(config))
@@ -97,14 +81,11 @@ class Roster(Sequence[Candidate]):
             if segment.space is None:
                 if self._plain(segment.index).name == name:
                     return segment.start
-                continue
-            config = segment.space.parse(name)
-            if config is not None:
+            elif (config := segment.space.parse(name)) is not None:
                 return segment.start + segment.space.rank(config)
         return None
 
     def spaces(self) -> Iterator[Segment]:
-        """The segments that are spaces, in position order."""
         return (s for s in self.segments if s.space is not None)
 
     @property
@@ -116,24 +97,3 @@ class Roster(Sequence[Candidate]):
     def has_spaces(self) -> bool:
         return any(s.space is not None for s in self.segments)
 
-
-class _View(Sequence[T]):
-    """One property of every roster position (its name, its set index), built on demand (``roster``: any sized
-    roster, this module's or a key's, farm.keyroster)."""
-
-    def __init__(self, roster: Sized, of: Callable[[int], T]) -> None:
-        self._roster, self._of = roster, of
-
-    def __len__(self) -> int:
-        return len(self._roster)
-
-    @overload
-    def __getitem__(self, position: int) -> T: ...
-
-    @overload
-    def __getitem__(self, position: slice) -> Sequence[T]: ...
-
-    def __getitem__(self, position: int | slice) -> T | Sequence[T]:
-        if isinstance(position, slice):
-            return [self._of(i) for i in range(*position.indices(len(self)))]
-        return self._of(position)

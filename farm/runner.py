@@ -1,16 +1,7 @@
 """The trial-runner port: what the trial protocol (``farm.trials``, ``farm.search``) and the engine call to run
 fenced, exclusive trials of candidates, and the optional capabilities a runner may have.
 
-A runner is anything with ``validate`` and ``measure`` (:class:`TrialRunner`): a host or CUDA runtime
-(``farm.adapter.RuntimeTrials``), a Celery worker's guarded trials, a test fake. Two capabilities are optional,
-each a small Protocol of its own, checked with ``isinstance``; a runner without one reads as its "absent" value:
-
-- :class:`ChecksOutputs`: ``last_check``, the output comparison of the latest ``validate`` (errors seen).
-  Absent: no comparison is reported (the outcome's ``max_abs_error``/``max_rel_error`` stay None).
-- :class:`ProbesThrottle`: ``throttle_probe``, a callable answering whether the device is throttled now (NVML).
-  Absent (or None): pairs are watched for context switches only.
-- ``device_seconds`` and ``compile_seconds``: what the runner's trials have cost so far (:func:`runner_cost`).
-  Absent: 0, a search's report then shows no cost.
+Runners: ``farm.adapter.RuntimeTrials``, a Celery worker's guarded trials, test fakes.
 """
 
 from __future__ import annotations
@@ -61,15 +52,15 @@ class ProbesThrottle(Protocol):
 
 
 def output_check(runner: TrialRunner) -> OutputCheck | None:
-    """The runner's latest output comparison; None for a runner without :class:`ChecksOutputs`."""
+    """The runner's latest output comparison; None without :class:`ChecksOutputs` (no errors are reported)."""
     return runner.last_check if isinstance(runner, ChecksOutputs) else None
 
 
 def throttle_probe(runner: TrialRunner) -> Callable[[], bool] | None:
-    """The runner's throttle probe; None for a runner without :class:`ProbesThrottle`."""
+    """The runner's throttle probe; None without :class:`ProbesThrottle` (then only switches are watched)."""
     return runner.throttle_probe if isinstance(runner, ProbesThrottle) else None
 
 
 def runner_cost(runner: TrialRunner) -> tuple[float, float]:
-    """The runner's device seconds and compile seconds so far (0 for a runner that does not count them)."""
+    """The runner's ``device_seconds`` and ``compile_seconds`` so far (0 for a runner that counts none)."""
     return float(getattr(runner, "device_seconds", 0.0)), float(getattr(runner, "compile_seconds", 0.0))

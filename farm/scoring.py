@@ -1,26 +1,10 @@
 """The selection rule, shared by the in-process controller and the farm's aggregation.
 
-A candidate is scored from PAIRS of (reference_seconds, candidate_seconds) timed back to back, in the order they
-were taken: even-numbered pairs ran the reference first, odd-numbered ones the candidate first.
-
-- **Order-balanced ratio.** The ratio is the median of the block ratios: a block is a reference-first pair and
-  the candidate-first pair after it, scored ``min(candidate times) / min(reference times)``. Each block holds one
-  pair of each order, so both orders weigh the same and interference locked to one slot cancels; interference
-  only adds time, so each side's minimum sheds most of it.
-- **Orders must agree.** When the two orders' median pair ratios lie further than the noise limit
-  (``max_relative_mad``) from their geometric mean, and a rank test says the difference is no chance
-  (Mann-Whitney, 5 %), the pairs are phase-locked to some interference: the verdict is UNDECIDED.
-- **A confidence bound decides.** Order-statistic (sign test) intervals of the median, one over the pair ratios
-  and one over the block ratios, sharing the error: one lying wholly at or below ``1 / min_speedup`` gives
-  FASTER, one wholly above it NOT_FASTER; intervals that straddle the line leave it UNDECIDED. Pairs are taken in
-  a sequence (``samples``, then ``samples + 1`` more at a time up to ``max_samples``: :func:`look_sizes`), and
-  look j spends ``ALPHA * 6 / (pi^2 j^2)`` per side, so the chance that ANY look of a sequence wrongly decides
-  either side is at most ALPHA, however many pairs it takes. Looks that cannot decide spend nothing.
-- **A clear win is decided.** An interval wholly at or below the line is FASTER however wide it is relative to its
-  median: the noise limit (``max_relative_mad``) guards the ranking of close candidates (the orders' agreement
-  above, racing, a confirmation's band), never a clear win.
-
-A candidate wins only on a FASTER verdict (and then only if its ratio beats the current winner's).
+A candidate is scored from PAIRS of (reference_seconds, candidate_seconds) timed back to back in the order
+taken, the even-numbered ones reference first. Its ratio is the median block ratio (order-balanced); sign-test
+intervals of the median, spending at most ``ALPHA`` per side over a sequence of looks (:func:`look_sizes`),
+decide FASTER or NOT_FASTER against ``1 / min_speedup``; orders that disagree leave it UNDECIDED. A candidate
+wins only on a FASTER verdict that beats the current winner. In full: docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -56,12 +40,10 @@ def valid_seconds(value: float) -> bool:
 def _ratios(pairs: Sequence[Pair]) -> list[float]:
     if not pairs:
         raise ValueError("no timing pairs")
-    ratios = []
     for reference, candidate in pairs:
         if not (valid_seconds(reference) and valid_seconds(candidate)):
             raise ValueError(f"invalid timing pair ({reference!r}, {candidate!r})")
-        ratios.append(candidate / reference)
-    return ratios
+    return [candidate / reference for reference, candidate in pairs]
 
 
 def ratio_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
@@ -77,15 +59,12 @@ def ratio_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
 def bound_rank(n: int, alpha: float) -> int:
     """The largest k >= 1 with P(Binomial(n, 1/2) <= k - 1) <= alpha, or 0 when even k = 1 fails: the k-th
     smallest and k-th largest of n ratios then bound their median with error <= alpha per side."""
-    total = 2**n
     cumulative = 0
-    k = 0
-    while k < (n + 1) // 2:
+    for k in range((n + 1) // 2):
         cumulative += math.comb(n, k)
-        if cumulative / total > alpha:
-            break
-        k += 1
-    return k
+        if cumulative / 2**n > alpha:
+            return k
+    return (n + 1) // 2
 
 
 def look_sizes(samples: int, limit: int) -> list[int]:
@@ -103,9 +82,8 @@ def _spend(look: int) -> float:
 
 @lru_cache(maxsize=4096)
 def look_alpha(n: int, samples: int) -> float:
-    """The per-side error the look at ``n`` pairs may spend, shared by its two tests; 0.0 when no look at ``n``
-    can decide. Looks are counted along the sequence that starts at ``samples`` and grows by ``samples + 1``,
-    and only where a decision is possible, so an early look that cannot decide spends nothing."""
+    """The per-side error the look at ``n`` pairs may spend (for its two tests); 0.0 when it cannot decide.
+    Only looks that can decide are counted along the sequence, so an early one that cannot spends nothing."""
     look = 1
     for m in range(samples, n, samples + 1):
         if bound_rank(m, _spend(look) / 2) >= 1:
@@ -115,50 +93,38 @@ def look_alpha(n: int, samples: int) -> float:
 
 def blocks(pairs: Sequence[Pair]) -> list[float]:
     """Block ratios: each reference-first pair with the candidate-first pair after it, ``min(candidates) /
-    min(references)``. Interference only ever adds time, so the minimum of each side sheds most of it, and a
-    block holds one pair of each order, so interference locked to one slot cancels."""
-    return [
-        min(pairs[i][1], pairs[i + 1][1]) / min(pairs[i][0], pairs[i + 1][0]) for i in range(0, len(pairs) - 1, 2)
-    ]
+    min(references)``."""
+    return [min(pairs[i][1], pairs[i + 1][1]) / min(pairs[i][0], pairs[i + 1][0])
+            for i in range(0, len(pairs) - 1, 2)]
 
 
 @dataclass(frozen=True)
 class Score:
     """A candidate's standing after ``pairs`` pairs: the order-balanced ``ratio`` (median block ratio), the
-    confidence bounds of the median ratio that decided (``low``, ``high``; NaN when none could), each order's
-    median pair ratio, the relative MAD of the pair ratios, and ``reason``, a note saying why."""
+    median ratio's deciding bounds (``low``, ``high``; NaN if none could) and ``reason``, a note why."""
 
     standing: Standing
     ratio: float
     low: float
     high: float
-    reference_first: float
-    candidate_first: float
-    relative_mad: float
+    reference_first: float  # median ratio of the reference-first pairs
+    candidate_first: float  # median ratio of the candidate-first pairs
+    relative_mad: float  # of the pair ratios, orders pooled
     pairs: int
     reason: str
-
-    @property
-    def order_effect(self) -> float:
-        """How far each order's median lies from their geometric mean, relative (0 when they agree)."""
-        a, b = self.reference_first, self.candidate_first
-        return math.sqrt(max(a, b) / min(a, b)) - 1.0
 
     @property
     def decided(self) -> bool:
         return self.standing is not Standing.UNDECIDED
 
+
 def _interval(values: Sequence[float], alpha: float) -> tuple[float, float, float] | None:
     """(low, high, median) of the values, or None when no bound reaches the confidence."""
-    k = bound_rank(len(values), alpha) if values else 0
+    k = bound_rank(len(values), alpha)
     if not k:
         return None
     ordered = sorted(values)
     return ordered[k - 1], ordered[len(values) - k], statistics.median(ordered)
-
-
-ORDER_Z = 1.96
-"""The two orders disagree beyond chance when their Mann-Whitney statistic lies this many deviations off."""
 
 
 def _orders_differ(ratios: Sequence[float]) -> bool:
@@ -170,17 +136,12 @@ def _orders_differ(ratios: Sequence[float]) -> bool:
     u = sum((a < b) + 0.5 * (a == b) for a in first for b in second)
     n1, n2 = len(first), len(second)
     sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12.0)
-    return abs(u - n1 * n2 / 2.0) > ORDER_Z * sd
+    return abs(u - n1 * n2 / 2.0) > 1.96 * sd
 
 
 def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
-    """Score pairs taken in alternating order (the first one reference-first). Raises ValueError for empty or
-    invalid pairs.
-
-    Two sign tests share each look's error: one over the pair ratios, one over the block ratios (more robust
-    when interference is frequent). FASTER needs an interval wholly at or below ``1 / min_speedup`` and within
-    the noise limit; NOT_FASTER an interval wholly above it.
-    """
+    """Score pairs taken in alternating order (the first one reference-first); ValueError for empty or invalid
+    pairs. Two sign tests, over the pair ratios and over the block ratios, share each look's error."""
     ratios = _ratios(pairs)
     n = len(ratios)
     first = statistics.median(ratios[0::2])
@@ -196,15 +157,13 @@ def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
         return Score(standing, ratio, interval[0], interval[1], first, second, relative_mad, n, reason)
 
     undecided = Standing.UNDECIDED
-    effect = score(undecided, "").order_effect
+    effect = math.sqrt(max(first, second) / min(first, second)) - 1.0  # the orders' gap, relative
     if effect > policy.max_relative_mad and _orders_differ(ratios):
         return score(undecided, f"undecided: orders disagree (reference-first median {first:.3f}, candidate-first "
                                 f"{second:.3f}: {effect:.3f} > {policy.max_relative_mad:g})")
     if not intervals:
         return score(undecided, f"undecided: {n} pairs are too few for a confident verdict")
-    # The noise of an interval: how far its upper bound reaches above its own median, relative.
-    # A whole interval below the line is a clear win however wide it is: the noise limit guards the ranking of
-    # close candidates (racing, confirmation bands), never a clear win.
+    # A clear win however wide its interval; the least noisy one (upper bound over median) is reported.
     below = sorted(((i[1] - i[2]) / i[2], i) for i in intervals if i[1] <= line)
     if below and ratio <= line:
         _, best = below[0]
@@ -218,24 +177,9 @@ def assess(pairs: Sequence[Pair], policy: StackPolicy) -> Score:
                             f"1/min_speedup = {line:.3f}", widest)
 
 
-def paired_score(pairs: Sequence[Pair], policy: StackPolicy) -> tuple[float, float] | None:
-    """``(ratio, relative_mad)`` of a DECIDED verdict over the pairs, or None when they are empty, invalid or
-    undecided (orders disagree, too few pairs, too noisy, or the interval straddles ``1 / min_speedup``).
-
-    ``ratio`` is the order-balanced median ratio; a candidate is a win when ``ratio * min_speedup <= 1``. Pairs
-    are read in the order taken, the first one reference-first (see the module docstring).
-    """
-    try:
-        s = assess(pairs, policy)
-    except ValueError:
-        return None
-    return (s.ratio, s.relative_mad) if s.decided else None
-
-
 @dataclass(frozen=True)
 class Verdict:
-    """How one candidate fared: ``accepted`` when its pairs reached a decided verdict (``score.standing`` says
-    which), with a note saying why."""
+    """How one candidate fared: ``accepted`` when its pairs reached a decided verdict (``score.standing``)."""
 
     accepted: bool
     ratio: float | None
@@ -258,18 +202,23 @@ def judge(pairs: Sequence[Pair], policy: StackPolicy) -> Verdict:
     return Verdict(s.decided, s.ratio, s.relative_mad, s.reason, s)
 
 
+def paired_score(pairs: Sequence[Pair], policy: StackPolicy) -> tuple[float, float] | None:
+    """``(ratio, relative_mad)`` of a DECIDED verdict over the pairs (a win: ``ratio * min_speedup <= 1``);
+    None when they are empty, invalid or undecided."""
+    s = judge(pairs, policy).score
+    return (s.ratio, s.relative_mad) if s is not None and s.decided else None
+
+
 class Selection:
     """The running winner of a search: starts at the reference (ratio 1.0) and takes strictly better offers."""
 
     def __init__(self, reference: int, policy: StackPolicy) -> None:
-        self.index = reference
-        self.ratio = 1.0
-        self.verified = True
+        self.index, self.ratio, self.verified = reference, 1.0, True
         self._min_speedup = policy.min_speedup
 
     def offer(self, index: int, ratio: float, verified: bool) -> bool:
         """Make ``index`` the winner if it beats the current one and clears min_speedup; say whether it did."""
-        if ratio < self.ratio and ratio * self._min_speedup <= 1.0:
+        better = ratio < self.ratio and ratio * self._min_speedup <= 1.0
+        if better:
             self.index, self.ratio, self.verified = index, ratio, verified
-            return True
-        return False
+        return better

@@ -1,16 +1,7 @@
 """The search: the one loop over candidates, shared by the in-process controller and the farm's group task.
 
-- :func:`admit` applies the rules that need no trial, written once: pre-trial skips (not eligible, workspace,
-  banned) and ``max_candidates`` (the reference counts one). The controller admits over every candidate; the
-  farm's coordinator admits when it plans a problem's group tasks, so a task carries only admitted candidates.
-- :func:`search` times the reference, then tries the given candidates in order until the budget runs out.
-
-**The budget bounds a problem's whole search**, in-process and on the farm alike. It is soft, checked before
-each candidate and before each timing pair, so a search spends at most its budget plus one trial step. In-process
-one call spends it. On the farm a problem's groups run one after the other and each carries what is left
-(``GroupTask.budget``, set by ``farm_coordinator.plan.next_tasks``); the first group's reference timing is charged
-like the controller's, the later groups' re-timing of the reference on their device is not. A group whose turn
-comes after the budget ran out is not sent: its candidates are NOT_TRIED.
+:func:`admit` applies the rules that need no trial; :func:`search` tries candidates in order until the budget
+runs out. The budget bounds a problem's whole search and is soft (docs/farm.md, "The budget").
 """
 
 from __future__ import annotations
@@ -31,19 +22,14 @@ def budget_note(budget: float) -> str:
     return f"budget of {budget:g}s exhausted"
 
 
-def admit(
-    candidates: Sequence[Candidate],
-    reference: int,
-    policy: StackPolicy,
-    order: Iterable[int] | None = None,
-    banned: Collection[str] = (),
-) -> tuple[list[int], list[Outcome]]:
-    """The candidates (positions, in ``order``, default list order) a search may try, and an Outcome for each
-    one it may not: SKIPPED (not eligible, workspace, banned; these do not count) or NOT_TRIED past
-    ``max_candidates`` (the reference counts one; ``budget_exhausted`` set, as the search stopped early)."""
+def admit(candidates: Sequence[Candidate], reference: int, policy: StackPolicy,
+          order: Iterable[int] | None = None, banned: Collection[str] = (),
+          ) -> tuple[list[int], list[Outcome]]:
+    """The positions (in ``order``, default list order) a search may try, and an Outcome for each other one:
+    SKIPPED (not eligible, workspace, banned) or NOT_TRIED, ``budget_exhausted``, past ``max_candidates``
+    (the reference counts one)."""
     admitted: list[int] = []
     refused: list[Outcome] = []
-    tried = 1
     for index in range(len(candidates)) if order is None else order:
         if index == reference:
             continue
@@ -51,11 +37,10 @@ def admit(
         note = pre_trial_skip(cand, policy, cand.name in banned)
         if note is not None:
             refused.append(Outcome(index, cand.name, verdict=TrialVerdict.SKIPPED, note=note, revision=cand.revision))
-        elif tried >= policy.max_candidates:
+        elif len(admitted) + 1 >= policy.max_candidates:
             refused.append(Outcome(index, cand.name, verdict=TrialVerdict.NOT_TRIED, budget_exhausted=True,
                                    note=f"max_candidates {policy.max_candidates} reached", revision=cand.revision))
         else:
-            tried += 1
             admitted.append(index)
     return admitted, refused
 
@@ -71,45 +56,31 @@ class Search:
     spent: float
 
 
-def search(
-    runner: TrialRunner,
-    policy: StackPolicy,
-    reference: int,
-    candidates: Sequence[Candidate],
-    positions: Iterable[int],
-    *,
-    budget: float | None = None,
-    charge_reference: bool = True,
-    banned: Collection[str] = (),
-    stop: Callable[[], str | None] = lambda: None,
-) -> Search:
+def search(runner: TrialRunner, policy: StackPolicy, reference: int, candidates: Sequence[Candidate],
+           positions: Iterable[int], *, budget: float | None = None, charge_reference: bool = True,
+           banned: Collection[str] = (), stop: Callable[[], str | None] = lambda: None) -> Search:
     """Time the reference, then try ``positions`` in order within ``budget`` seconds (default the policy's).
-
-    ``charge_reference`` counts the reference's timing against the budget (the first search of a problem).
+    ``charge_reference`` counts the reference's timing against the budget (the first search of a problem);
     ``stop`` may give a reason to try no further candidate (the farm's task time limit): NOT_TRIED with it.
-    Raises ValidationUnavailable (the reference's output cannot be checked), TuneFailure DEVICE, or TuneFailure
-    REJECTED when the reference itself fails; every candidate failure is an Outcome.
-    """
-    budget = policy.budget if budget is None else budget
+    Raises ValidationUnavailable (the reference's output cannot be checked), TuneFailure DEVICE, or
+    TuneFailure REJECTED when the reference itself fails; every candidate failure is an Outcome."""
     names = candidates.names if isinstance(candidates, Roster) else [c.name for c in candidates]
     started = time.monotonic()
     reference_times = reference_trials(runner, policy, reference, names[reference])
     if not charge_reference:
         started = time.monotonic()
-    deadline = started + budget
+    deadline = started + (policy.budget if budget is None else budget)
     outcomes: list[Outcome] = []
     exhausted = False
     for index in positions:
         if index == reference:
             continue
         cand = candidates[index]
-        note = pre_trial_skip(cand, policy, cand.name in banned)
-        verdict = TrialVerdict.SKIPPED
+        note, verdict = pre_trial_skip(cand, policy, cand.name in banned), TrialVerdict.SKIPPED
         if note is None:
             note, verdict = stop(), TrialVerdict.NOT_TRIED
         if note is None and (exhausted or time.monotonic() > deadline):
-            exhausted = True
-            note = budget_note(policy.budget)
+            exhausted, note = True, budget_note(policy.budget)
         if note is not None:
             outcomes.append(Outcome(index, cand.name, verdict=verdict, note=note, revision=cand.revision,
                                     budget_exhausted=exhausted))

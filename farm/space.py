@@ -1,14 +1,7 @@
 """Tuning spaces: one implementation over the cross product of parameter values, never materialized.
 
-A :class:`Space` holds each parameter's values in declaration order. Its configs are numbered by mixed radix
-(the first parameter most significant), so the config of a rank, the rank of a config, and a random draw cost
-the same for a space of ten configs as for one of a million. Restrictions (safe expressions, see
-:mod:`farm.restrict`, or callables taking the parameters as keywords) are applied lazily to the configs a search
-looks at. Each config is a candidate named canonically, parameters in declaration order::
-
-    tiled[block=32,unroll=2]
-
-and :meth:`Space.parse` reads such a name back to its config (farm workers resolve candidates by name).
+Configs are numbered by mixed radix (the first parameter most significant) and named canonically,
+``tiled[block=32,unroll=2]``; restrictions are checked lazily, per config looked at (docs/spaces.md).
 """
 
 from __future__ import annotations
@@ -24,13 +17,13 @@ from typing import Any
 from farm.codetext import code_text
 from farm.errors import RestrictionError, TuneFailure
 from farm.identity import Candidate, fields
+from farm.keyroster import SpaceShape, mixed_rank, unrank
 from farm.restrict import Value, compile_restriction
 
 Config = dict[str, Value]
 Restriction = str | Callable[..., bool]
 
-# A space's size must stay an index Python's len() accepts; 2**53 configs is far above any search.
-MAX_SPACE_SIZE = 2**53
+MAX_SPACE_SIZE = 2**53  # an index Python's len() accepts, far above any search
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 _PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -44,28 +37,15 @@ def format_value(value: Value) -> str:
 
 
 class Space:
-    """One implementation tuned over parameter values; see the module docstring.
+    """One implementation tuned over parameter values. ``params`` maps each parameter name to its values
+    (declaration order is the naming order); ``restrict`` is a string expression (:mod:`farm.restrict`), a
+    callable ``(**config) -> bool`` or a list of either, all of which a feasible config meets. Raises
+    INVALID_INPUT, naming the space, for a bad name, value list, value or restriction."""
 
-    ``params`` maps each parameter name to its values (declaration order is the naming order); ``restrict`` is a
-    string expression, a callable ``(**config) -> bool`` or a list of either; a config is feasible when every
-    restriction holds. Raises INVALID_INPUT (naming the space and the expression or parameter) for an empty or
-    duplicated value list, a value that is not an int, float, bool or str, an invalid expression or an unknown
-    name.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        fn: Callable[..., Any],
-        params: Mapping[str, Sequence[Value]],
-        restrict: Restriction | Sequence[Restriction] | None = None,
-        *,
-        revision: str = "1",
-        group: int = 0,
-        workspace_bytes: int | None = None,
-        eligible: bool = True,
-        identity: str = "",
-    ) -> None:
+    def __init__(self, name: str, fn: Callable[..., Any], params: Mapping[str, Sequence[Value]],
+                 restrict: Restriction | Sequence[Restriction] | None = None, *, revision: str = "1",
+                 group: int = 0, workspace_bytes: int | None = None, eligible: bool = True,
+                 identity: str = "") -> None:
         where = f"space {name!r}"
         if not isinstance(name, str) or not name or "[" in name:
             raise TuneFailure.invalid(f"{where}: a space needs a non-empty name without '['")
@@ -78,20 +58,15 @@ class Space:
         )
         self.names = tuple(p for p, _ in self.params)
         self._spelled = tuple({format_value(v): i for i, v in enumerate(values)} for _, values in self.params)
-        self.size = math.prod(len(values) for _, values in self.params)
+        spellings = tuple(tuple(s) for s in self._spelled)  # each value as config names write it
+        self._shape = SpaceShape(name, tuple(zip(self.names, spellings, strict=True)))
+        self.size = self._shape.size
         if self.size > MAX_SPACE_SIZE:
             raise TuneFailure.invalid(f"{where}: {self.size} configs is above the limit of {MAX_SPACE_SIZE}")
-        if restrict is None:
-            given: tuple[Restriction, ...] = ()
-        elif isinstance(restrict, str) or callable(restrict):
-            given = (restrict,)
-        elif isinstance(restrict, (list, tuple)):
-            given = tuple(restrict)
-        else:
-            raise TuneFailure.invalid(f"{where}: restriction {restrict!r} is neither an expression nor a callable")
-        self.restrictions = given
+        given = restrict if isinstance(restrict, (list, tuple)) else () if restrict is None else (restrict,)
+        self.restrictions: tuple[Restriction, ...] = tuple(given)
         self._checks: list[Callable[[Config], bool]] = []
-        for r in given:
+        for r in self.restrictions:
             if isinstance(r, str):
                 self._checks.append(compile_restriction(r, self.names, where))
             elif callable(r):
@@ -102,28 +77,19 @@ class Space:
     def __repr__(self) -> str:
         return f"Space({self.descriptor()!r})"
 
-    # -- configs by rank ----------------------------------------------------------------------------------
-
     def config(self, rank: int) -> Config:
         """The config of ``rank`` (0 <= rank < size), by mixed radix; IndexError outside the space."""
         if not 0 <= rank < self.size:
             raise IndexError(f"rank {rank} is outside space {self.name!r} of {self.size} configs")
-        config: Config = {}
-        for p, values in reversed(self.params):
-            rank, digit = divmod(rank, len(values))
-            config[p] = values[digit]
-        return {p: config[p] for p in self.names}
+        return dict(zip(self.names, unrank(rank, [values for _, values in self.params]), strict=True))
 
     def rank(self, config: Mapping[str, Value]) -> int:
         """The rank of a config of this space; KeyError/ValueError for a parameter or value it lacks."""
-        rank = 0
-        for (p, values), spelled in zip(self.params, self._spelled, strict=True):
-            rank = rank * len(values) + spelled[format_value(config[p])]
-        return rank
+        return mixed_rank((spelled[format_value(config[p])], len(spelled))
+                          for p, spelled in zip(self.names, self._spelled, strict=True))
 
     def feasible(self, config: Mapping[str, Value]) -> bool:
-        """Whether every restriction holds. A restriction that fails to evaluate is INVALID_INPUT (the space's
-        author wrote it for every config) naming the space, the expression and the config."""
+        """Whether every restriction holds; INVALID_INPUT naming space, expression and config if one fails."""
         try:
             return all(check(dict(config)) for check in self._checks)
         except RestrictionError as e:
@@ -131,11 +97,7 @@ class Space:
 
     def feasible_ranks(self, start: int = 0) -> Iterator[int]:
         """Every feasible rank from ``start`` in order, checked lazily as the caller iterates."""
-        for rank in range(start, self.size):
-            if self.feasible(self.config(rank)):
-                yield rank
-
-    # -- names ----------------------------------------------------------------------------------------------
+        return (rank for rank in range(start, self.size) if self.feasible(self.config(rank)))
 
     def config_name(self, config: Mapping[str, Value]) -> str:
         """The canonical candidate name: ``tiled[block=32,unroll=2]``, parameters in declaration order."""
@@ -143,38 +105,18 @@ class Space:
 
     def parse(self, name: str) -> Config | None:
         """The config a canonical name denotes, or None when it is not a config of this space."""
-        if not name.startswith(self.name + "[") or not name.endswith("]"):
+        if (found := self._shape.values_of(name)) is None:
             return None
-        rest = name[len(self.name) + 1 : -1]
-        config: Config = {}
-        for index, ((p, values), spelled) in enumerate(zip(self.params, self._spelled, strict=True)):
-            prefix = f"{p}="
-            if not rest.startswith(prefix):
-                return None
-            rest = rest[len(prefix):]
-            last = index == len(self.params) - 1
-            value = rest if last else None
-            if value is None:  # the longest spelling followed by a comma (a quoted string may hold commas)
-                matches = [s for s in spelled if rest.startswith(s + ",")]
-                if not matches:
-                    return None
-                value = max(matches, key=len)
-            if value not in spelled:
-                return None
-            config[p] = values[spelled[value]]
-            rest = rest[len(value) + (0 if last else 1):]
-        return config
-
-    # -- identity -------------------------------------------------------------------------------------------
+        pairs = zip(self.params, self._spelled, strict=True)
+        return {p: values[spelled[found[p]]] for (p, values), spelled in pairs}
 
     def restriction_text(self) -> str:
         """The restrictions as the cache key names them: expressions verbatim, callables by their code."""
         return fields([r if isinstance(r, str) else "callable:" + code_text(r) for r in self.restrictions])
 
     def descriptor(self) -> str:
-        """The space as one manifest name: ``tiled[block=16|32,unroll=1|2]`` plus its restriction texts. A
-        descriptor above 1 KiB is shortened to a sha256 of itself (names have a byte limit)."""
-        lists = ",".join(f"{p}={'|'.join(format_value(v) for v in values)}" for p, values in self.params)
+        """The manifest name: ``tiled[block=16|32,unroll=1|2]`` plus restrictions (a sha256 above 1 KiB)."""
+        lists = ",".join(f"{p}={'|'.join(spelled)}" for p, spelled in self._shape.params)
         text = f"{self.name}[{lists}]"
         if self.restrictions:
             text += " where " + " and ".join(r if isinstance(r, str) else f"<callable {i}>"
@@ -196,11 +138,8 @@ class Space:
 
     def covers(self, config: Mapping[str, Value]) -> bool:
         """Whether ``config`` (of a space of the same family) is a config of this space."""
-        try:
-            self.rank(config)
-        except (KeyError, ValueError):
-            return False
-        return True
+        return all(p in config and format_value(config[p]) in spelled
+                   for p, spelled in zip(self.names, self._spelled, strict=True))
 
 
 def _values(where: str, param: str, values: Sequence[Value]) -> tuple[Value, ...]:
@@ -212,8 +151,7 @@ def _values(where: str, param: str, values: Sequence[Value]) -> tuple[Value, ...
     for v in values:
         if not isinstance(v, (int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
             raise TuneFailure.invalid(f"{where}: parameter {param!r} value {v!r} is not an int, float, bool or str")
-        spelled = format_value(v)
-        if spelled in seen:
+        if (spelled := format_value(v)) in seen:
             raise TuneFailure.invalid(f"{where}: parameter {param!r} lists {v!r} twice")
         seen.add(spelled)
     return tuple(values)

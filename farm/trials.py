@@ -1,16 +1,8 @@
 """The trial protocol and the decision over its outcomes: the one code path shared by the in-process
 controller (``engine``) and the farm (a worker runs the trials of one group, the coordinator decides).
 
-- :func:`reference_trials`: warm up, validate the reference against itself, time it.
-- :func:`candidate_trials`: warm up, validate against the reference, then PAIRS of (reference, candidate)
-  timings alternating which runs first: at least ``samples``, and while the verdict is undecided more, at the
-  looks of :func:`farm.scoring.look_sizes`, up to ``max_samples`` and within the budget. A win measured under
-  interference above ``max_disturbed`` is re-measured once. Failures become an :class:`Outcome` with a
-  :class:`TrialVerdict` and a note.
-- :func:`decide`: judge every outcome in plan order with :mod:`farm.scoring` and pick the winner: only a decided
-  FASTER verdict can win.
-
-The loop over candidates (budget, max_candidates) is :mod:`farm.search`.
+:func:`reference_trials` and :func:`candidate_trials` run the protocol of docs/decisions.md; :func:`decide`
+judges each :class:`Outcome` with :mod:`farm.scoring` and picks the winner (the loop: :mod:`farm.search`).
 """
 
 from __future__ import annotations
@@ -23,18 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from farm.arrays import OutputCheck
 from farm.errors import DeviceBusy, FailureKind, TuneFailure, ValidationUnavailable
 from farm.identity import Candidate, fits_workspace
 from farm.interference import Interference, Probe
 from farm.policy import StackPolicy
 from farm.runner import TrialRunner, Validation, output_check, throttle_probe
-from farm.scoring import Pair, Selection, Standing, assess, judge, look_sizes, valid_seconds
-
-# Why a candidate's sampling stopped: its verdict was decided, it reached max_samples, or the budget ran out.
-STOP_DECIDED = "decided"
-STOP_MAX_SAMPLES = "max_samples"
-STOP_BUDGET = "budget"
+from farm.scoring import Pair, Selection, Standing, Verdict, assess, judge, look_sizes, valid_seconds
 
 
 class TrialVerdict(enum.Enum):
@@ -55,23 +41,20 @@ class TrialVerdict(enum.Enum):
 
 
 class _Skip(Exception):
-    """Raised when a candidate fails during its trials; private: it never leaves :func:`candidate_trials`, which
-    turns it into the candidate's Outcome (verdict and note)."""
+    """Raised when a candidate fails during its trials; :func:`failure_of` gives its verdict and note."""
 
     def __init__(self, verdict: TrialVerdict, note: str) -> None:
         super().__init__(note)
-        self.verdict = verdict
-        self.note = note
+        self.verdict, self.note = verdict, note
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What the trials of one candidate produced: its ``verdict`` (PASSED or UNVERIFIED when timed, from
-    ``verified``, unless given) and a ``note`` saying why when it failed; timed ``pairs`` are judged.
-    ``budget_exhausted`` marks a candidate the budget or max_candidates cut off. ``index`` is its position in the
-    cache key's candidate list; ``name`` and ``revision`` are its implementation identity. ``stop`` says why its
-    sampling ended (``decided``, ``max_samples``, ``budget``), ``interference`` what disturbed its pairs, and
-    ``remeasured`` whether its pairs are a second sequence, taken after a win measured under interference."""
+    ``verified``, unless given), a ``note`` saying why when it failed, and the timed ``pairs`` to judge.
+    ``index``: its position in the cache key's candidate list; ``budget_exhausted``: the budget or
+    max_candidates cut it off; ``stop``: why sampling ended (``"decided"``, ``"max_samples"``, ``"budget"``);
+    ``remeasured``: its pairs are a second sequence, taken after a win measured under interference."""
 
     index: int
     name: str
@@ -103,49 +86,29 @@ class Outcome:
         return None if self.kind.timed else f"{self.kind.value}: {self.note}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "revision": self.revision,
-            "pairs": [list(p) for p in self.pairs],
-            "verified": self.verified,
-            "verdict": self.kind.value,
-            "note": self.note,
-            "budget_exhausted": self.budget_exhausted,
-            "max_abs_error": self.max_abs_error,
-            "max_rel_error": self.max_rel_error,
-            "stop": self.stop,
-            "interference": self.interference.to_dict() if self.interference is not None else None,
-            "remeasured": self.remeasured,
-        }
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**data, "pairs": [list(p) for p in self.pairs], "verdict": self.kind.value,
+                "interference": self.interference.to_dict() if self.interference is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Outcome:
         """Raises KeyError, TypeError or ValueError (an unknown verdict) for malformed data."""
         return cls(
-            index=int(data["index"]),
-            name=str(data["name"]),
-            revision=str(data.get("revision", "")),
-            pairs=tuple((float(r), float(c)) for r, c in data["pairs"]),
-            verified=bool(data["verified"]),
-            verdict=TrialVerdict(data["verdict"]),
-            note=str(data.get("note", "")),
+            index=int(data["index"]), name=str(data["name"]), revision=str(data.get("revision", "")),
+            pairs=tuple((float(r), float(c)) for r, c in data["pairs"]), verified=bool(data["verified"]),
+            verdict=TrialVerdict(data["verdict"]), note=str(data.get("note", "")),
             budget_exhausted=bool(data.get("budget_exhausted", False)),
-            max_abs_error=data.get("max_abs_error"),
-            max_rel_error=data.get("max_rel_error"),
-            stop=data.get("stop"),
+            max_abs_error=data.get("max_abs_error"), max_rel_error=data.get("max_rel_error"),
+            stop=data.get("stop"), remeasured=bool(data.get("remeasured", False)),
             interference=Interference.from_dict(data["interference"]) if data.get("interference") else None,
-            remeasured=bool(data.get("remeasured", False)),
         )
 
 
 @dataclass(frozen=True)
 class CandidateReport:
-    """How one candidate fared in a search: ``samples`` timing pairs (the reference: its own samples), the
-    median ratio and relative MAD when scored, whether its output was verified, and the note saying why it won,
-    lost or was skipped. ``index`` is its position in the candidate list. ``standing`` is the scored verdict
-    (faster, not_faster, undecided; None when not scored), ``interval`` the confidence bounds of its median ratio,
-    ``stop`` why its sampling ended and ``interference`` what disturbed its pairs."""
+    """How one candidate fared in a search. ``samples``: its timing pairs (the reference: its own samples);
+    ``note``: why it won, lost or was skipped; ``standing``: the scored :class:`~farm.scoring.Standing` value
+    (None when not scored); ``interval``: the decided confidence bounds of its median ratio."""
 
     name: str
     samples: int
@@ -161,60 +124,49 @@ class CandidateReport:
     interference: Interference | None = None
 
 
-def seconds(value: float, name: str) -> float:
+def timed(runner: TrialRunner, index: int, name: str) -> float:
+    """One timed run of a candidate: its seconds, or raises what :func:`failure_of` maps (bad time: REJECTED)."""
+    value = runner.measure(index)
     if not valid_seconds(value):
         raise _Skip(TrialVerdict.REJECTED, f"{name!r} reported a non-positive or non-finite time ({value!r})")
     return float(value)
 
 
 def reference_trials(runner: TrialRunner, policy: StackPolicy, reference: int, name: str) -> list[float]:
-    """Warm up, self-validate and time the reference ``samples`` times.
-
-    Raises ValidationUnavailable when its output cannot be checked and validation is required, TuneFailure
-    DEVICE for a device failure, and TuneFailure REJECTED when the reference itself fails.
-    """
+    """Warm up, self-validate and time the reference ``samples`` times. Raises ValidationUnavailable (output
+    not checkable, validation required), TuneFailure DEVICE, or TuneFailure REJECTED (the reference fails)."""
     try:
         for _ in range(policy.warmups):
-            seconds(runner.measure(reference), name)
+            timed(runner, reference, name)
         verdict = runner.validate(reference, reference, policy.tolerance)
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise ValidationUnavailable(name)
-        return [seconds(runner.measure(reference), name) for _ in range(policy.samples)]
-    except DeviceBusy:
+        return [timed(runner, reference, name) for _ in range(policy.samples)]
+    except ValidationUnavailable:
         raise
-    except (ValidationUnavailable, TuneFailure) as e:
-        if isinstance(e, ValidationUnavailable) or e.kind is FailureKind.DEVICE:
-            raise
-        raise TuneFailure.rejected(f"reference {name!r} failed: {e.message}") from e
-    except _Skip as e:
-        raise TuneFailure.rejected(f"reference {name!r} failed: {e.verdict.value}: {e.note}") from e
     except Exception as e:
-        raise TuneFailure.rejected(f"reference {name!r} failed: {type(e).__name__}: {e}") from e
+        failed, note = failure_of(e)  # a busy device and a DEVICE failure propagate
+        detail = f"{failed.value}: {note}" if isinstance(e, _Skip) else note
+        raise TuneFailure.rejected(f"reference {name!r} failed: {detail}") from e
 
 
 def candidate_trials(
     runner: TrialRunner, policy: StackPolicy, reference: int, index: int, names: Sequence[str], deadline: float
 ) -> Outcome:
-    """Warm up, validate against the reference, then take paired samples alternating which runs first: at least
-    ``samples`` pairs, more while the verdict is undecided (up to ``max_samples``, within the budget).
-
-    Returns an Outcome (verdict REJECTED or SKIPPED with a note when the candidate erred, was wrong,
-    unverifiable or ran out of budget before ``samples`` pairs). Only a DEVICE failure propagates.
-    """
+    """Warm up, validate against the reference, then take pairs alternating which runs first: ``samples``,
+    more while undecided (up to ``max_samples``, within the budget); a win under interference is re-measured.
+    A failure is the Outcome's verdict and note; only a busy device and a DEVICE failure propagate."""
     name = names[index]
     pairs: list[Pair] = []
-    verified = False
-    budget_hit = False
-    check: OutputCheck | None = None
+    verified = budget_hit = remeasured = False
+    errors: tuple[float | None, float | None] = (None, None)
     stop: str | None = None
     interference: Interference | None = None
-    remeasured = False
     try:
         for _ in range(policy.warmups):
-            seconds(runner.measure(index), name)
+            timed(runner, index, name)
         verdict = runner.validate(reference, index, policy.tolerance)
-        # Only this candidate's own comparison: a failure before validation leaves the previous candidate's.
-        check = output_check(runner)
+        errors = _errors(runner)  # read only now: before its validation it is the previous candidate's
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise _Skip(TrialVerdict.SKIPPED, "validation unsupported (output readback above tolerance.max_bytes)")
         verified = verdict is Validation.PASSED
@@ -230,21 +182,16 @@ def candidate_trials(
         verdict_, note = None, ""
     except Exception as e:
         verdict_, note = failure_of(e)
-    checked = check if check is not None and check.problem is None else None
-    return Outcome(index, name, tuple(pairs), verified, verdict_, note, budget_hit,
-                   max_abs_error=checked.max_abs_error if checked is not None else None,
-                   max_rel_error=checked.max_rel_error if checked is not None else None,
+    return Outcome(index, name, tuple(pairs), verified, verdict_, note, budget_hit, *errors,
                    stop=stop, interference=interference, remeasured=remeasured)
 
 
 def failure_of(error: Exception) -> tuple[TrialVerdict, str]:
     """The verdict and note of a candidate's trials that raised ``error``; a busy device and a DEVICE failure are
     not the candidate's: they propagate."""
-    if isinstance(error, DeviceBusy):
+    if isinstance(error, DeviceBusy) or (isinstance(error, TuneFailure) and error.kind is FailureKind.DEVICE):
         raise error
     if isinstance(error, TuneFailure):
-        if error.kind is FailureKind.DEVICE:
-            raise error
         return TrialVerdict.REJECTED, error.message
     if isinstance(error, _Skip):
         return error.verdict, error.note
@@ -252,27 +199,26 @@ def failure_of(error: Exception) -> tuple[TrialVerdict, str]:
 
 
 def validation_trial(runner: TrialRunner, policy: StackPolicy, reference: int, index: int, name: str) -> Outcome:
-    """Validate one candidate against the reference, its run serving as its warm-up (racing, farm.racing): an
-    Outcome without pairs, PASSED or UNVERIFIED, or the failure's verdict and note. Only a DEVICE failure
-    propagates."""
-    check: OutputCheck | None = None
+    """Validate one candidate against the reference, its run serving as its warm-up (farm.racing): an Outcome
+    without pairs, PASSED or UNVERIFIED, or the failure's verdict and note, as :func:`candidate_trials`."""
     try:
         verdict = runner.validate(reference, index, policy.tolerance)
-        check = output_check(runner)
+        abs_error, rel_error = _errors(runner)
         if verdict is Validation.UNSUPPORTED and policy.require_validation:
             raise _Skip(TrialVerdict.SKIPPED, "validation unsupported (output readback above tolerance.max_bytes)")
     except Exception as e:
         failed, note = failure_of(e)
         return Outcome(index, name, verdict=failed, note=note)
-    checked = check if check is not None and check.problem is None else None
-    return Outcome(index, name, verified=verdict is Validation.PASSED,
-                   max_abs_error=checked.max_abs_error if checked is not None else None,
-                   max_rel_error=checked.max_rel_error if checked is not None else None)
+    return Outcome(index, name, verified=verdict is Validation.PASSED, max_abs_error=abs_error,
+                   max_rel_error=rel_error)
 
 
-def timed(runner: TrialRunner, index: int, name: str) -> float:
-    """One timed run of a candidate: its seconds, or raises what :func:`failure_of` maps (a bad time is REJECTED)."""
-    return seconds(runner.measure(index), name)
+def _errors(runner: TrialRunner) -> tuple[float | None, float | None]:
+    """(max_abs_error, max_rel_error) of the runner's latest output check; None when not compared or wrong."""
+    check = output_check(runner)
+    if check is None or check.problem is not None:
+        return None, None
+    return check.max_abs_error, check.max_rel_error
 
 
 def _sequence(
@@ -283,25 +229,25 @@ def _sequence(
     name, ref_name = names[index], names[reference]
     probe = Probe(throttle_probe(runner), host=not getattr(runner, "simulated", False))
     pairs: list[Pair] = []
-    stop: str | None = STOP_MAX_SAMPLES
+    stop: str | None = "max_samples"
     for size in look_sizes(policy.samples, policy.sample_limit):
         while len(pairs) < size:
             if time.monotonic() > deadline:
-                stop = STOP_BUDGET if len(pairs) >= policy.samples else None
+                stop = "budget" if len(pairs) >= policy.samples else None
                 break
             probe.begin()
             if len(pairs) % 2 == 0:
-                r = seconds(runner.measure(reference), ref_name)
-                c = seconds(runner.measure(index), name)
+                r = timed(runner, reference, ref_name)
+                c = timed(runner, index, name)
             else:
-                c = seconds(runner.measure(index), name)
-                r = seconds(runner.measure(reference), ref_name)
+                c = timed(runner, index, name)
+                r = timed(runner, reference, ref_name)
             probe.end()
             pairs.append((r, c))
         if len(pairs) < size:
             break
         if assess(pairs, policy).decided:
-            stop = STOP_DECIDED
+            stop = "decided"
             break
     return pairs, stop, probe.result([r for r, _ in pairs])
 
@@ -327,46 +273,31 @@ def decide(
     reference: int, names: Sequence[str], outcomes: Sequence[Outcome], policy: StackPolicy
 ) -> tuple[Selection, list[CandidateReport]]:
     """Apply the selection rule to outcomes in plan order; return the winner and a judged entry per outcome.
-
-    Only a decided FASTER verdict is offered to the selection; undecided and not-faster candidates keep their
-    ratio in the report but never win. Each note ends with the pairs taken and why sampling stopped."""
+    Only a decided FASTER verdict can win; each note ends with the pairs taken and why sampling stopped."""
     selection = Selection(reference, policy)
     judged: list[CandidateReport] = []
     for outcome in outcomes:
-        if outcome.failure is not None:
-            judged.append(CandidateReport(outcome.name, len(outcome.pairs), None, None, outcome.verified,
-                                          outcome.failure, outcome.pairs, outcome.index,
-                                          stop=outcome.stop, interference=outcome.interference))
-            continue
-        verdict = judge(outcome.pairs, policy)
+        failed = outcome.failure
+        verdict = judge(outcome.pairs, policy) if failed is None else Verdict(False, None, None, failed)
         if verdict.wins and verdict.ratio is not None:
             selection.offer(outcome.index, verdict.ratio, outcome.verified)
+        note = failed or verdict.note
+        if failed is None and outcome.stop is not None:
+            note += f"; {len(outcome.pairs)} pairs, stopped: {outcome.stop}"
+            if outcome.remeasured:
+                note += ", re-measured after interference"
+            if outcome.interference is not None and outcome.interference.disturbed:
+                note += f"; {outcome.interference.describe()}"
         score = verdict.score
         judged.append(CandidateReport(
-            outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad, outcome.verified,
-            verdict.note + _sampling(outcome), outcome.pairs, outcome.index,
-            score.standing.value if score is not None else None,
+            outcome.name, len(outcome.pairs), verdict.ratio, verdict.relative_mad, outcome.verified, note,
+            outcome.pairs, outcome.index, score.standing.value if score is not None else None,
             (score.low, score.high) if score is not None and score.decided else None, outcome.stop, outcome.interference,
         ))
     winner = selection.index
-    final = []
-    for j in judged:
-        note = j.note
+    for i, j in enumerate(judged):
         if j.index == winner:
-            note = f"selected: {note}"
+            judged[i] = dataclasses.replace(j, note=f"selected: {j.note}")
         elif j.standing == Standing.FASTER.value:
-            note = f"beaten: {note}, {names[winner]} is faster"
-        final.append(dataclasses.replace(j, note=note))
-    return selection, final
-
-
-def _sampling(outcome: Outcome) -> str:
-    """The note's tail: how many pairs the verdict took, why sampling stopped, and any interference."""
-    if outcome.stop is None:
-        return ""
-    text = f"; {len(outcome.pairs)} pairs, stopped: {outcome.stop}"
-    if outcome.remeasured:
-        text += ", re-measured after interference"
-    if outcome.interference is not None and outcome.interference.disturbed:
-        text += f"; {outcome.interference.describe()}"
-    return text
+            judged[i] = dataclasses.replace(j, note=f"beaten: {j.note}, {names[winner]} is faster")
+    return selection, judged

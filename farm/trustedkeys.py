@@ -5,8 +5,8 @@ handling (no ``cryptography``), so the policy can check its keys without importi
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
+from contextlib import suppress
 from dataclasses import dataclass
 
 from farm.errors import FarmError
@@ -37,10 +37,9 @@ def parse_public_key(line: str, where: str) -> PublicKey:
     if len(parts) < 2 or parts[0] != KEY_TYPE:
         raise FarmError(f"{where}: {line.strip()[:40]!r} is not a public key (expected '{KEY_TYPE} <base64> "
                         f"[comment]', as `farm keys init` writes it)")
-    try:
+    raw = b""
+    with suppress(ValueError):  # binascii.Error included
         raw = base64.b64decode(parts[1], validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
     if len(raw) != 32:
         raise FarmError(f"{where}: {parts[1][:20]!r}… is not the base64 of a 32-byte Ed25519 public key")
     return PublicKey(raw, parts[2].strip() if len(parts) > 2 else "")
@@ -48,8 +47,6 @@ def parse_public_key(line: str, where: str) -> PublicKey:
 
 def parse_trusted_keys(text: str, where: str) -> tuple[PublicKey, ...]:
     """The keys of a trusted-keys text: one key a line; blank lines and ``#`` comments ignored."""
-    keys = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            keys.append(parse_public_key(line, f"{where}: line {n}"))
-    return tuple(keys)
+    lines = enumerate(text.splitlines(), 1)
+    return tuple(parse_public_key(line, f"{where}: line {n}") for n, line in lines
+                 if line.strip() and not line.lstrip().startswith("#"))

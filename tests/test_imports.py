@@ -7,7 +7,8 @@
 - no package has an import cycle;
 - no product module is over 600 lines (the hard limit); one over 400 is listed as a smell to look at, never a
   reason to move code: a module holds one concept, whatever its size;
-- nothing imports a bare ``kernels``/``workers``/``coordinator`` (the installed names are ``farm_*``).
+- nothing imports a bare ``kernels``/``workers``/``coordinator`` (the installed names are ``farm_*``);
+- the core stays small enough to hold in one's head: ``farm/`` at most 9,000 lines (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FORBIDDEN_IN_ARCHIVES = ("farm_kernels", "farm_fleet", "farm_workers", "farm_coo
 BARE = ("kernels", "workers", "coordinator", "fleet", "archive_tools", "cli")
 SMELL_LINES = 400  # a module longer than this is worth a look (printed by the test), not a failure
 MAX_LINES = 600
+CORE_LINES = 9_000  # farm/, every module together (docs/architecture.md, "The packages")
 APART = (("farm_workers", "farm_coordinator"), ("farm_coordinator", "farm_workers"))  # (importer, never imported)
 
 
@@ -201,3 +203,11 @@ def test_no_product_module_is_over_600_lines_and_those_over_400_are_listed(capsy
         for line in oversized(SMELL_LINES):
             print(f"\nover {SMELL_LINES} lines (a smell to look at, not an error): {line}")
     assert oversized() == []
+
+
+def test_the_core_is_at_most_9000_lines() -> None:
+    core = {path: len(path.read_text(encoding="utf-8").splitlines())
+            for name, path in modules().items() if name.split(".")[0] == "farm"}
+    assert len(core) > 40  # the scan found the core's modules
+    biggest = ", ".join(f"{p.relative_to(ROOT)} {n}" for p, n in sorted(core.items(), key=lambda i: -i[1])[:5])
+    assert sum(core.values()) <= CORE_LINES, f"farm/ is {sum(core.values())} lines (largest: {biggest})"

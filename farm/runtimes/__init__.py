@@ -1,6 +1,6 @@
 """Compute clients: the device a trial runs on. ``host`` (NumPy, ``cpu:N``) and ``cuda`` (CuPy, ``cuda:N``).
 
-The factory lives here, above both runtimes, so that ``base`` (the port and the device lock) imports neither.
+The factory lives here so that ``base`` (the port and the device lock) imports neither runtime.
 """
 
 from farm.runtimes.base import ComputeClient, parse_device

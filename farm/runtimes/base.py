@@ -10,6 +10,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -18,19 +19,30 @@ from farm.errors import DeviceBusy, TuneFailure
 T = TypeVar("T")  # what a profiled callable returns
 
 
-class DeviceIdentity(Protocol):
-    """What names a device: its backend (``cpu``, ``cuda``), its id in this process and its kind."""
+class DescribedDevice(Protocol):
+    """A device as its environment fingerprint sees it (farm.environment): backend (``cpu``, ``cuda``), id, kind,
+    what tells one SKU, driver, compiler and runtime apart, and ``model()``, its name for people."""
 
     backend: str
     device_id: str
     device_kind: str
 
+    def properties_fingerprint(self) -> str: ...
 
-class TimedDevice(DeviceIdentity, Protocol):
-    """A device trials run on. ``flush`` submits queued work (raising = a submission error), ``sync`` waits for
-    completion (raising = a device failure), ``exclusive`` holds the device against other threads AND processes,
-    ``activate`` makes it current for the calling thread, ``profile`` runs a callable and returns
-    ``(output, device_seconds)``."""
+    def model(self) -> str: ...
+
+    def driver_fingerprint(self) -> str | None: ...
+
+    def compiler(self) -> str: ...
+
+    def runtime_options(self) -> str: ...
+
+
+class ComputeClient(DescribedDevice, Protocol):
+    """One device as the runtime adapters hold it: described, and timed for trials. ``flush`` submits queued
+    work (raising = a submission error), ``sync`` waits for completion (raising = a device failure),
+    ``exclusive`` holds the device against other threads AND processes, ``activate`` makes it current for the
+    calling thread, ``profile`` returns ``(fn(), seconds it took on this device)``."""
 
     def flush(self) -> None: ...
 
@@ -40,31 +52,7 @@ class TimedDevice(DeviceIdentity, Protocol):
 
     def activate(self) -> AbstractContextManager[None]: ...
 
-    def profile(self, fn: Callable[[], T]) -> tuple[T, float]:
-        """``fn()`` and the seconds it took on this device."""
-        ...
-
-
-class DescribedDevice(DeviceIdentity, Protocol):
-    """A device as its environment fingerprint sees it (farm.environment): what distinguishes one SKU, driver,
-    compiler and runtime configuration from another."""
-
-    def properties_fingerprint(self) -> str: ...
-
-    def model(self) -> str:
-        """The device model for people (``NVIDIA H200``, the CPU's model name)."""
-        ...
-
-    def driver_fingerprint(self) -> str | None: ...
-
-    def compiler(self) -> str: ...
-
-    def runtime_options(self) -> str: ...
-
-
-class ComputeClient(TimedDevice, DescribedDevice, Protocol):
-    """One device as the runtime adapters hold it: timed (trials) and described (its environment). Code that needs
-    only one side takes ``TimedDevice`` or ``DescribedDevice``."""
+    def profile(self, fn: Callable[[], T]) -> tuple[T, float]: ...
 
 
 def parse_device(device: str) -> tuple[str, int]:
@@ -93,33 +81,37 @@ def lock_directory() -> Path:
 _verified: set[Path] = set()  # lock folders checked by this process (a trial takes the lock: keep it cheap)
 
 
-def _private_directory(path: Path) -> None:
-    """Create ``path`` 0700 if needed and check that it is a real directory owned by this user, closed to others:
-    a folder another local user created or can write would let them hold (or fake) our locks."""
+def _prepare(path: Path, shared: bool) -> None:
+    """Create the lock folder if needed. Unless it is shared (FARM_LOCK_DIR), check that it is a directory of
+    this user's, closed to others: one another user created or can write would let them hold our locks."""
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(path)
+        path.mkdir(mode=0o777 if shared else 0o700, parents=True, exist_ok=True)
+        info = None if shared else os.lstat(path)
     except OSError as e:
         raise DeviceBusy(f"cannot create the device lock folder {path}: {e}") from e
-    if not stat.S_ISDIR(info.st_mode):
-        raise DeviceBusy(f"device lock folder {path} is not a directory (a symlink or a file); set {LOCK_DIR_VARIABLE}")
-    if info.st_uid != os.geteuid():
-        raise DeviceBusy(f"device lock folder {path} belongs to uid {info.st_uid}, not to this user "
-                         f"(uid {os.geteuid()}); remove it or set {LOCK_DIR_VARIABLE}")
-    if info.st_mode & 0o077:
-        try:
-            os.chmod(path, 0o700)
-        except OSError as e:
-            raise DeviceBusy(f"device lock folder {path} is open to other users and cannot be closed: {e}") from e
+    if info is not None:
+        if not stat.S_ISDIR(info.st_mode):
+            raise DeviceBusy(f"device lock folder {path} is not a directory (a symlink or a file); "
+                             f"set {LOCK_DIR_VARIABLE}")
+        if info.st_uid != os.geteuid():
+            raise DeviceBusy(f"device lock folder {path} belongs to uid {info.st_uid}, not to this user "
+                             f"(uid {os.geteuid()}); remove it or set {LOCK_DIR_VARIABLE}")
+        if info.st_mode & 0o077:
+            try:
+                os.chmod(path, 0o700)
+            except OSError as e:
+                raise DeviceBusy(f"device lock folder {path} is open to other users and cannot be closed: "
+                                 f"{e}") from e
+    _verified.add(path)
 
 
+@dataclass
 class _Held:
     """The process-wide state of one device's lock, shared by every client of that device."""
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.depth = 0
-        self.fd: int | None = None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    depth: int = 0
+    fd: int | None = None
 
 
 _held: dict[str, _Held] = {}
@@ -141,9 +133,8 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class DeviceLock:
-    """Exclusive use of one physical device: a re-entrant lock per process, plus an OS file lock (flock) so
-    that two processes never run trials on the same device at once. Re-entry by the holding thread is free, so a
-    worker can hold the device for a whole group of trials."""
+    """Exclusive use of one physical device: a re-entrant lock in the process plus a file lock (flock) across
+    processes. Re-entry by the holding thread is free: a worker may hold the device for a group of trials."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -166,12 +157,11 @@ class DeviceLock:
                     state.fd = None
 
     def _acquire(self) -> int:
-        """Open and flock the lock file. A lock that cannot be taken at all (unusable folder, a file we may not
-        open) raises DeviceBusy: the caller uses the reference; it is never a device failure."""
+        """Open and flock the lock file; DeviceBusy (never a device failure) when it cannot be taken at all."""
         directory = self.path.parent
         shared = bool(os.environ.get(LOCK_DIR_VARIABLE))
         if directory not in _verified:
-            self._prepare(directory, shared)
+            _prepare(directory, shared)
         # No symlinks: a planted link must not make us create or lock another file.
         flags, mode = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666 if shared else 0o600
         try:
@@ -179,7 +169,7 @@ class DeviceLock:
                 fd = os.open(self.path, flags, mode)
             except FileNotFoundError:  # the folder went away since we checked it: check (and create) it again
                 _verified.discard(directory)
-                self._prepare(directory, shared)
+                _prepare(directory, shared)
                 fd = os.open(self.path, flags, mode)
         except OSError as e:
             raise DeviceBusy(f"cannot open device lock {self.path}: {e}") from e
@@ -190,21 +180,9 @@ class DeviceLock:
             raise DeviceBusy(f"cannot lock {self.path}: {e}") from e
         return fd
 
-    @staticmethod
-    def _prepare(directory: Path, shared: bool) -> None:
-        if shared:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise DeviceBusy(f"cannot create the device lock folder {directory}: {e}") from e
-        else:
-            _private_directory(directory)
-        _verified.add(directory)
-
 
 class Synchronous:
-    """What a device whose work is synchronous shares (the host, a replay): ``flush`` and ``sync`` only mark the
-    fences, and ``exclusive`` holds its :class:`DeviceLock` (``_lock``, set by the subclass)."""
+    """A device whose work is synchronous (host, replay): no-op fences; ``exclusive`` holds its ``_lock``."""
 
     _lock: DeviceLock
 

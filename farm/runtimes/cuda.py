@@ -2,11 +2,8 @@
 
 Importing this module never touches CuPy or a GPU; creating a :class:`CudaClient` does, and raises TuneFailure
 UNAVAILABLE with "no CUDA device" (or how to install CuPy) when it cannot.
-
-The fingerprint names the regime a decision is true for: model, compute capability, SMs and memory, MIG profile
-and compute mode (properties); CUDA driver and runtime versions (driver); NVRTC and CuPy versions (compiler). The
-MIG profile comes from NVML (``nvidia-ml-py``) when it is installed, else it reads ``mig unknown``: install it on
-workers and applications alike, or on neither.
+The fingerprint's parts, and why NVML (``nvidia-ml-py``) goes on workers and applications alike or on neither:
+docs/farm.md and docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ def import_cupy() -> Any:
 def device_count() -> int:
     """Visible CUDA devices; 0 without CuPy, driver or device."""
     try:
-        cupy = import_cupy()
-        return int(cupy.cuda.runtime.getDeviceCount())
+        return int(import_cupy().cuda.runtime.getDeviceCount())
     except Exception:
         return 0
 
@@ -126,8 +122,7 @@ def _properties(index: int) -> str:
 
 
 def properties_text(p: dict[str, Any], mig: str) -> str:
-    """The device-class part of the fingerprint from CuPy's ``getDeviceProperties`` dict (pure: tests pass
-    fakes): model, compute capability, SMs, memory, clock, compute mode and MIG profile."""
+    """The device-class part of the fingerprint from CuPy's ``getDeviceProperties`` dict (pure)."""
     name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
     mode = p.get("computeMode")
     return (
@@ -156,9 +151,8 @@ def compiler_text(cupy: Any) -> str:
 
 
 def mig_profile(pci_bus_id: str, index: int = 0, nvml: Any = None) -> str:
-    """``mig off``, ``mig <profile>`` (``mig 1g.18gb``), ``mig on`` (profile not visible) or ``mig unknown``
-    without NVML. With MIG instances named in CUDA_VISIBLE_DEVICES (MIG-...), NVML names the profile of visible
-    device ``index``; ``nvml`` is the pynvml module (tests pass a fake)."""
+    """``mig off``, ``mig <profile>`` (``mig 1g.18gb``: visible device ``index`` of the MIG-... instances
+    in CUDA_VISIBLE_DEVICES), ``mig on`` (profile not visible) or ``mig unknown`` (no ``nvml``: pynvml)."""
     try:
         if nvml is None:
             nvml = importlib.import_module("pynvml")
@@ -170,7 +164,8 @@ def mig_profile(pci_bus_id: str, index: int = 0, nvml: Any = None) -> str:
         current, _pending = nvml.nvmlDeviceGetMigMode(handle)
         if not current:
             return "mig off"
-        uuids = _visible_mig_uuids()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        uuids = [v.strip() for v in visible if v.strip().startswith("MIG-")]
         if index >= len(uuids):
             return "mig on"
         name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByUUID(uuids[index]))
@@ -181,8 +176,3 @@ def mig_profile(pci_bus_id: str, index: int = 0, nvml: Any = None) -> str:
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-
-
-def _visible_mig_uuids() -> list[str]:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    return [v.strip() for v in visible.split(",") if v.strip().startswith("MIG-")]

@@ -1,9 +1,6 @@
 """The host runtime: NumPy on ``cpu:N``. DEVICE timing is the CPU time the process spent (BLAS threads
-included); END_TO_END is wall clock.
-
-The host's execution regime is part of its fingerprint: the number of CPUs the process may run on and the sizes of
-its thread pools (BLAS, OpenMP), as the process sees them (:func:`host_regime`). A decision measured on one core
-with one BLAS thread is never served to a process with four cores and four threads.
+included); END_TO_END is wall clock. The execution regime (CPU set, BLAS and OpenMP pool sizes:
+:func:`host_regime`) is part of its fingerprint (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -22,14 +19,13 @@ import numpy as np
 
 from farm.runtimes.base import DeviceLock, Synchronous, T
 
-# Every variable a numeric library reads for its pool size at start-up (OpenMP, OpenBLAS, MKL, BLIS, Accelerate,
-# numexpr): set before the library loads, they size its pool; threadpoolctl resizes the pools already loaded.
+# What OpenMP, OpenBLAS, MKL, BLIS, Accelerate and numexpr read for their pool size when they load.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class HostClient(Synchronous):
-    """``cpu:N``: the host as a device. Work is synchronous, so ``flush`` and ``sync`` only mark the fences."""
+    """``cpu:N``: the host as a device (synchronous)."""
 
     backend = "host-numpy"
     device_kind = "cpu"
@@ -49,13 +45,14 @@ class HostClient(Synchronous):
         return out, time.process_time() - start
 
     def properties_fingerprint(self) -> str:
-        return _properties()
+        machine, cores = platform.machine(), os.cpu_count()
+        return f"{machine}; {_cpu_model()}; {cores} logical cores; numpy {np.__version__}; {_blas()}"
 
     def model(self) -> str:
         return _cpu_model()
 
     def driver_fingerprint(self) -> str | None:
-        return _driver()
+        return f"{platform.system()} {platform.release()}; {_blas()}" if platform.release() else None
 
     def compiler(self) -> str:
         return f"{platform.python_implementation()} {sys.version.split()[0]}; numpy {np.__version__}"
@@ -70,13 +67,10 @@ class HostClient(Synchronous):
 
 @cache
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -90,24 +84,10 @@ def _blas() -> str:
         return "unknown"
 
 
-@cache
-def _properties() -> str:
-    return f"{platform.machine()}; {_cpu_model()}; {os.cpu_count()} logical cores; numpy {np.__version__}; {_blas()}"
-
-
-@cache
-def _driver() -> str | None:
-    if not platform.release():
-        return None
-    return f"{platform.system()} {platform.release()}; {_blas()}"
-
-
 @dataclass(frozen=True)
 class HostRegime:
-    """The execution regime of this process on the host. ``cpus``: the size of its CPU set
-    (``os.sched_getaffinity``); ``blas``: the largest BLAS pool loaded; ``openmp``: the largest OpenMP pool loaded,
-    or, when none is loaded yet, the size one would start with (OMP_NUM_THREADS, else ``cpus``); ``libraries``: the
-    BLAS implementations and the core types they chose (OPENBLAS_CORETYPE changes it)."""
+    """``cpus``: the CPU set's size; ``blas``/``openmp``: the largest BLAS/OpenMP pool loaded (no OpenMP
+    one: what it would start, OMP_NUM_THREADS else ``cpus``); ``libraries``: BLAS libraries, core types."""
 
     cpus: int
     blas: int
@@ -139,13 +119,10 @@ def regime_from(cpus: int, pools: list[dict[str, Any]], environ: Mapping[str, st
     blas = [p for p in pools if p.get("user_api") == "blas"]
     openmp = [p for p in pools if p.get("user_api") == "openmp"]
     libraries = sorted({" ".join(str(p[k]) for k in ("internal_api", "architecture") if p.get(k)) for p in blas})
-    would_start = _leading_int(environ.get("OMP_NUM_THREADS", "")) or cpus
-    return HostRegime(
-        cpus=cpus,
-        blas=max((int(p["num_threads"]) for p in blas), default=0),
-        openmp=max((int(p["num_threads"]) for p in openmp), default=would_start),
-        libraries=tuple(libraries),
-    )
+    head = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "4,2": nested levels, the outer first
+    would_start = int(head) if head.isdigit() and int(head) > 0 else cpus
+    return HostRegime(cpus, max((int(p["num_threads"]) for p in blas), default=0),
+                      max((int(p["num_threads"]) for p in openmp), default=would_start), tuple(libraries))
 
 
 def regime_key() -> tuple[int, ...]:
@@ -173,8 +150,3 @@ def limit_threads(cores: int) -> HostRegime:
     threadpool_limits(limits=cores)
     _controller.cache_clear()
     return host_regime()
-
-
-def _leading_int(text: str) -> int:
-    head = text.split(",")[0].strip()
-    return int(head) if head.isdigit() and int(head) > 0 else 0

@@ -1,8 +1,7 @@
 """The replay device: a recorded tuning space served as a device (``replay:N``), on a simulated clock.
 
-:mod:`farm.replay` loads a recording and builds its tunable set; this module is the device its trials run on.
-A recorded kernel's config, launched inside :meth:`ReplayClient.activate`, runs on the active client: a time drawn
-(seeded) from its recorded samples advances the clock, and nothing sleeps.
+:mod:`farm.replay` loads a recording; this is the device its trials run on. A recorded config launched inside
+:meth:`ReplayClient.activate` advances that client's clock by a seeded draw from its recorded samples.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ Key = tuple[Any, ...]
 
 @dataclass(frozen=True)
 class Recorded:
-    """One recorded config: its run times (seconds), mean (seconds; inf for a failure), compile seconds, and
-    the failure it recorded (``compile``, ``runtime``) or None."""
+    """One recorded config, in seconds (``mean``: inf for a failure); ``failure``: compile, runtime, None."""
 
     times: tuple[float, ...]
     mean: float
@@ -65,7 +63,6 @@ class ReplayClient(Synchronous):
         self.device_id = f"replay:{index}"
         self.device_seconds = 0.0
         self.compile_seconds = 0.0
-        self.runs = 0
         self._rng = random.Random(seed)
         self._built: set[Key] = set()
         self._last: float | None = None
@@ -96,7 +93,6 @@ class ReplayClient(Synchronous):
             raise ReplayFailure(f"launch failed as recorded (RuntimeFailedConfig) for {key}")
         seconds = self._rng.choice(recorded.times)
         self.device_seconds += seconds
-        self.runs += 1
         self._last = seconds
         return seconds
 

@@ -17,10 +17,6 @@ from farm.decisions import key_hash as key_hash
 from farm.decisions import key_sha256 as key_sha256
 from farm.errors import CorruptRecord as CorruptRecord
 
-# One trial row of a decision (a timing pair or a verdict, with its provenance): a flat JSON object, its fields
-# listed by farm.stores.archive.schema.TRIAL_TYPES.
-TrialRow = dict[str, str | int | float | bool | None]
-
 
 def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:
     """The replacement rule of every shared tier (Redis, archives): a verified record beats an unverified one;
@@ -30,19 +26,16 @@ def replaces(new: DecisionRecord, old: DecisionRecord | None) -> bool:
 
 def outranks(verified: bool, created: float, old_verified: bool, old_created: float) -> bool:
     """:func:`replaces` on the two fields it reads (for publications that carry no record object)."""
-    if old_verified != verified:
-        return verified
-    return created >= old_created
+    return verified if old_verified != verified else created >= old_created
 
 
 @dataclass(frozen=True)
 class Publication:
     """One decision as the farm publishes it, to Redis or a local cache: the record, its fingerprint text, the
-    problem id to index it under ("" for none), the trial rows behind it and the lease that fences it. ``text``: the record's verified
-    :meth:`DecisionRecord.to_json` text when it is at hand (saves re-encoding); ``trials_text``: the rows' JSON.
-    ``aliases``: more problem ids the problem index maps to the record's key in the same transaction (a space
-    search's family id, ``farm_coordinator.plan``; Redis indexes them whatever the verdict, a local cache only
-    with an accepted publication: either way the id points at whatever record the key holds)."""
+    problem id to index it under ("" for none) and the trial rows behind it. ``text`` and ``trials_text``: the
+    record's verified JSON and the rows' JSON when at hand (saves re-encoding). ``fence``: (lease key, value),
+    publish only while that lease holds (Redis). ``aliases``: more problem ids for the record's key (a space
+    search's family id; Redis indexes them whatever the verdict, a local cache if it accepts the record)."""
 
     record: DecisionRecord
     fingerprint: str
@@ -50,7 +43,7 @@ class Publication:
     trials: tuple[dict[str, Any], ...] = ()
     text: str | None = field(default=None, compare=False, repr=False)
     trials_text: str | None = field(default=None, compare=False, repr=False)
-    fence: tuple[str, str] | None = None  # (lease key, value): publish only while that lease holds (Redis)
+    fence: tuple[str, str] | None = None
     aliases: tuple[str, ...] = ()
 
     @property
@@ -84,8 +77,7 @@ class FiledByEnvironment(Protocol):
 
 
 def read_record(store: DecisionStore, environment: str, cache_key: str) -> DecisionRecord | None:
-    """``store``'s record for ``cache_key``, whose environment is ``environment`` (:class:`FiledByEnvironment`
-    stores are told it; any other store is asked with ``get``)."""
+    """``store``'s record for ``cache_key`` of ``environment`` (told only to :class:`FiledByEnvironment` stores)."""
     if isinstance(store, FiledByEnvironment):
         return store.get_in(environment, cache_key)
     return store.get(cache_key)
@@ -94,12 +86,10 @@ def read_record(store: DecisionStore, environment: str, cache_key: str) -> Decis
 @dataclass(frozen=True)
 class PublicationBatch:
     """Decisions of ONE fingerprint published together, column by column (an archive import's form: no record
-    objects are built). Every sequence holds one value per decision: ``texts`` the :meth:`DecisionRecord.to_json`
-    text (already verified), ``cache_keys`` and ``digests`` its key and the key's :func:`key_hash`, ``verified``,
-    ``created`` and ``names`` (the winner) its fields, ``runs`` its ``meta.run`` as an update event shows it,
-    ``problem_ids`` the problem id to index it under (None or "" for none), ``trials`` the JSON list of its trial
-    rows ("" for none); ``aliases`` and ``fences``, where given, a :class:`Publication`'s (``fences``: Redis
-    only)."""
+    objects are built), one value per decision: ``texts`` the verified :meth:`DecisionRecord.to_json` text,
+    ``digests`` the :func:`key_hash` of ``cache_keys``, ``names`` the winner, ``runs`` ``meta.run`` as an
+    update event shows it (:func:`event_run`), ``problem_ids`` None or "" for none, ``trials`` the rows' JSON
+    ("" for none); ``aliases`` and ``fences`` (empty: none) as in :class:`Publication`."""
 
     fingerprint: str
     cache_keys: Sequence[str]
@@ -111,8 +101,8 @@ class PublicationBatch:
     runs: Sequence[str]
     problem_ids: Sequence[str | None]
     trials: Sequence[str]
-    aliases: Sequence[tuple[str, ...]] = ()  # per decision, more problem ids to index it under (none: empty)
-    fences: Sequence[tuple[str, str] | None] = ()  # per decision, the lease that must hold (none: empty)
+    aliases: Sequence[tuple[str, ...]] = ()
+    fences: Sequence[tuple[str, str] | None] = ()
 
     @classmethod
     def of(cls, fingerprint: str, publications: Sequence[Publication]) -> PublicationBatch:
@@ -133,10 +123,8 @@ def event_run(value: Any) -> str:
     """``meta.run`` as a Redis update event shows it (``tostring(meta['run'] or '')`` in publish.lua)."""
     if isinstance(value, str):
         return value
-    if value is None or value is False:
-        return ""
-    if value is True:
-        return "true"
+    if value is None or isinstance(value, bool):
+        return "true" if value else ""
     if isinstance(value, int | float):
         return f"{float(value):.14g}"  # Lua's number format
     return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,12 +1,7 @@
 """A new local cache file built aside in one pass, then linked into place: the fast path of a first publication.
 
-When a cache directory holds no file yet (a new machine seeding its cache from the fleet's archives, the embedded
-farm's first run), the whole publication is written into a private file beside it: no write-ahead log (each page is
-written once, not once to the log and again at the checkpoint), no per-row trigger (the row count is written once),
-the secondary indexes built after the rows, one fsync at the end. The file is then switched to WAL mode, synced and
-hard-linked to its final name, which fails if that name exists: a process that created the cache meanwhile keeps
-its file, and the caller publishes through an ordinary transaction instead. Readers see no file, then the whole
-file: all of it or none of it, as with a transaction. The new file follows the umask, as SQLite's own files do.
+No write-ahead log, no per-row trigger, the indexes built after the rows, one fsync, a hard link that never
+replaces a file created meanwhile (docs/farm.md, "The local cache").
 """
 
 from __future__ import annotations
@@ -32,8 +27,7 @@ def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
-        conn = sqlite3.connect(temp, isolation_level=None)
-        try:
+        with contextlib.closing(sqlite3.connect(temp, isolation_level=None)) as conn:
             for pragma in (*pragmas, "PRAGMA journal_mode=OFF", "PRAGMA synchronous=OFF"):
                 conn.execute(pragma)
             parts = list(statements(schema))
@@ -47,8 +41,6 @@ def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
             conn.execute(f"PRAGMA user_version = {int(user_version)}")
             conn.execute("COMMIT")
             conn.execute("PRAGMA journal_mode=WAL")  # kept in the file's header
-        finally:
-            conn.close()
         _fsync(temp)
         try:
             os.link(temp, path)  # never replaces: a file created meanwhile wins
@@ -57,10 +49,9 @@ def build_aside(path: Path, schema: str, pragmas: list[str], user_version: int,
         _fsync(path.parent)
         return True
     finally:
-        for leftover in (temp, temp.with_name(temp.name + "-wal"), temp.with_name(temp.name + "-shm"),
-                         temp.with_name(temp.name + "-journal")):
+        for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
+                os.unlink(f"{temp}{suffix}")
 
 
 def absent(path: Path) -> bool:

@@ -1,15 +1,8 @@
 """The local cache: one SQLite file per cache directory, shared safely by every process of the machine.
 
-``<cache_directory>/farm-cache.sqlite3`` holds one row per decision (the exact :meth:`DecisionRecord.to_json` text,
-keyed by the sha256 of its cache key), the trial rows behind the farm's decisions beside them, the fingerprints and
-the farm's problem index. The controller reads it as its disk tier (``StackTuner(cache_directory=...)``); the
-embedded farm (its runs' sink) and ``farm archive import --into-cache`` publish into it; ``farm archive export
---from-cache`` reads it. This module is the only owner of the format.
-
-Every row has an owner: ``APP`` (written by an application's controller: its policy's ``capacity`` and ``ttl`` apply)
-or ``FARM`` (published by the farm or an import: never pruned by an application). Pruning uses indexes and a row
-count kept by triggers, so each put costs the same with ten records or a million. Writes are transactions (WAL
-journal, ``BEGIN IMMEDIATE``, a busy timeout), so readers in other processes see the old record or the new one.
+``<cache_directory>/farm-cache.sqlite3`` is the controller's disk tier and the embedded farm's sink; ``farm
+archive import --into-cache`` and ``export --from-cache`` use it. This module is the only owner of the format
+(rows, owners, pruning, transactions, read-only readers: docs/farm.md, "The local cache").
 """
 
 from __future__ import annotations
@@ -17,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -30,18 +24,21 @@ from farm.errors import CorruptRecord
 from farm.nearest import NearestHit, NearestQuery, hit, nearest_first
 from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_hash
 from farm.stores.bulkbuild import absent, build_aside
-from farm.stores.checkpoints import Checkpoints
-from farm.stores.local_nearest import INDEX_SCHEMA, ensure_index, near_rows, write_index
+from farm.stores.local_nearest import INDEX_SCHEMA, decoded, ensure_index, near_rows, write_index
 from farm.stores.sqlrows import APP as APP
 from farm.stores.sqlrows import FARM as FARM
-from farm.stores.sqlrows import replace_row, statements
+from farm.stores.sqlrows import immediate, replace_row, statements
 from farm.stores.staging import Staging
+
+log = logging.getLogger(__name__)
 
 STORE_FILE = "farm-cache.sqlite3"
 STORE_SCHEMA = 1
 PAGE_SIZE = 16384  # new files: a decision's trial rows (a KiB or more) overflow 4 KiB pages of the trials table
-FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (farm.stores.checkpoints) after this much written
+FARM_CHECKPOINT_BYTES = 8 << 20  # the farm asks for a checkpoint (Checkpoints) after this much written
 FARM_CHECKPOINT_PAGES = 16384  # ...and SQLite's own automatic one, the backstop, waits for this many WAL pages
+# page_size: new files only (set before WAL); cache_size: 64 MiB, for imports touch random B-tree pages
+_PRAGMAS = (f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536")
 
 _SCHEMA = """
 CREATE TABLE decisions (
@@ -73,19 +70,15 @@ class LocalStore:
     """The decisions of ``directory/farm-cache.sqlite3``.
 
     ``capacity`` and ``ttl`` (seconds) bound this owner's rows when it is ``APP`` (None: unbounded); ``FARM`` rows
-    are never pruned. Reads never create the file: a missing cache is a miss. ``timeout``: how long a write waits
-    for another process's transaction (default 5 s for an application, then the put fails with OSError and the
-    controller counts a cache warning; 60 s for the farm). ``get`` raises CorruptRecord for a bad record or an
-    unusable file; writes raise OSError when the file cannot be written.
-    """
+    are never pruned. Reads never create the file: a missing cache is a miss. ``timeout``: seconds a write waits
+    for another process's transaction (default 5 for an application, 60 for the farm). ``get`` raises
+    CorruptRecord for a bad record or an unusable file; writes raise OSError (a lock wait past ``timeout`` too)."""
 
     def __init__(self, directory: Path | str, capacity: int | None = None, ttl: float | None = None, *,
                  owner: int = APP, timeout: float | None = None) -> None:
         self.directory = Path(directory)
         self.path = self.directory / STORE_FILE
-        self.capacity = capacity
-        self.ttl = ttl
-        self.owner = owner
+        self.capacity, self.ttl, self.owner = capacity, ttl, owner
         self.timeout = timeout if timeout is not None else 5.0 if owner == APP else 60.0  # lock wait, seconds
         self._conn: sqlite3.Connection | None = None
         self._snapshot: tuple[int, int] | None = None  # (mtime, size) of the file behind a read-only view
@@ -94,13 +87,9 @@ class LocalStore:
         self._checkpoints = Checkpoints(self.path, self.timeout)
         self._unchecked = 0  # bytes the farm published since it last asked for a checkpoint
 
-    # -- connection ---------------------------------------------------------------------------------------------
-
     def _connect(self, create: bool) -> sqlite3.Connection | None:
-        """The open connection (reopened after a fork); None when the file is missing and ``create`` is false.
-
-        A reader that may not write the cache (another user's, under a 0755 folder) reads an immutable view of the
-        file instead, reopened whenever the file changes: it sees what writers have checkpointed."""
+        """The open connection (reopened after a fork); None when the file is missing and ``create`` is
+        false. A reader that may not write the file reads an immutable view, reopened when it changes."""
         if self._conn is not None and self._pid == os.getpid():
             if self._snapshot is None or self._snapshot == _stamp(self.path) or create:
                 return self._conn
@@ -121,28 +110,30 @@ class LocalStore:
             self._snapshot = _stamp(self.path)
             conn = sqlite3.connect(f"file:{urllib.parse.quote(str(self.path))}?immutable=1", uri=True,
                                    isolation_level=None, check_same_thread=False)
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != STORE_SCHEMA:
+            if (version := _version(conn)) != STORE_SCHEMA:
                 conn.close()
-                raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads "
-                                    f"{STORE_SCHEMA}") from None
+                raise self._unreadable(version) from None
         self._conn, self._pid = conn, os.getpid()
         return conn
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (a new file only) fewer pages and overflows per record
+            for pragma in _PRAGMAS:
+                conn.execute(pragma)
             _journal_wal(conn, self.timeout)
             conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: atomic and consistent, fsync at checkpoints
-            conn.execute("PRAGMA cache_size=-65536")  # up to 64 MiB of pages: imports touch random B-tree pages
-            if self.owner == FARM:  # checkpoints run on a thread of their own (farm.stores.checkpoints)
+            if self.owner == FARM:  # checkpoints run on a thread of their own (Checkpoints)
                 conn.execute(f"PRAGMA wal_autocheckpoint={FARM_CHECKPOINT_PAGES}")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            version = _version(conn)
             if version == 0:
-                self._create(conn)
+                with immediate(conn):
+                    if _version(conn) == 0:  # another process may have won the race
+                        for statement in statements(_SCHEMA):
+                            conn.execute(statement)
+                        conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
             elif version != STORE_SCHEMA:
-                raise CorruptRecord(f"{self.path}: store schema version {version}; this farm reads {STORE_SCHEMA}")
+                raise self._unreadable(version)
             else:
                 ensure_index(conn)  # a file written before the nearest-decision index: built once
         except BaseException:
@@ -150,17 +141,8 @@ class LocalStore:
             raise
         return conn
 
-    def _create(self, conn: sqlite3.Connection) -> None:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:  # another process may have won the race
-                for statement in statements(_SCHEMA):
-                    conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {STORE_SCHEMA}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+    def _unreadable(self, version: int) -> CorruptRecord:
+        return CorruptRecord(f"{self.path}: store schema version {version}; this farm reads {STORE_SCHEMA}")
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -169,26 +151,23 @@ class LocalStore:
             try:
                 conn = self._connect(create=True)
                 assert conn is not None
-                conn.execute("BEGIN IMMEDIATE")
+                with immediate(conn):
+                    yield conn
             except sqlite3.Error as e:
                 raise OSError(f"{self.path}: {e}") from e
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise OSError(f"{self.path}: {e}") from e
-                raise
 
-    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection | None]:
+        """The connection to read (None: no file); errors become CorruptRecord naming the file."""
         with self._lock:
             try:
-                conn = self._connect(create=False)
-                return [] if conn is None else conn.execute(sql, args).fetchall()
+                yield self._connect(create=False)
             except (sqlite3.Error, OSError) as e:
                 raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
+
+    def _read(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._reading() as conn:
+            return [] if conn is None else conn.execute(sql, args).fetchall()
 
     def close(self) -> None:
         self._checkpoints.close()
@@ -196,8 +175,6 @@ class LocalStore:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
-
-    # -- the decision store port (the controller's disk tier) ---------------------------------------------------
 
     def get(self, cache_key: str) -> DecisionRecord | None:
         rows = self._read("SELECT record FROM decisions WHERE key = ?", (key_hash(cache_key),))
@@ -219,17 +196,9 @@ class LocalStore:
     def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
         """The stored decisions of the query's family within ``max_distance``, nearest first (farm.nearest;
         the index of farm.stores.local_nearest). Unreadable records are left out."""
-        with self._lock:
-            try:
-                conn = self._connect(create=False)
-                texts = [] if conn is None else near_rows(conn, query, max_distance)
-            except (sqlite3.Error, OSError) as e:
-                raise CorruptRecord(f"{self.path}: unusable cache file: {e}") from e
-        hits = []
-        for text in texts:
-            with contextlib.suppress(CorruptRecord):
-                hits.append(hit(DecisionRecord.from_json(text), query, max_distance))
-        return nearest_first(hits)
+        with self._reading() as conn:
+            rows = [] if conn is None else near_rows(conn, query, max_distance)
+        return nearest_first(hit(record, query, max_distance) for _, record in decoded(rows))
 
     def _prune(self, conn: sqlite3.Connection) -> None:
         if self.ttl is not None:
@@ -247,36 +216,27 @@ class LocalStore:
         rows = self._read("SELECT n FROM counts WHERE owner = ?", (owner,))
         return int(rows[0][0]) if rows else 0
 
-    # -- the farm's side: publication, problem index, listing ---------------------------------------------------
-
     def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str = "",
                 trials: Sequence[dict[str, Any]] = ()) -> tuple[bool, str]:
         """Publish one decision as the farm (see :meth:`publish_many`)."""
         return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials))])[0]
 
     def publish_many(self, publications: Iterable[Publication]) -> list[tuple[bool, str]]:
-        """Publish farm decisions in ONE transaction (see :meth:`publish_batches`); returns (replaced, "new" |
-        "replaced" | "kept: ...") per publication."""
-        pubs = list(publications)
-        runs = [list(group) for _, group in itertools.groupby(pubs, key=lambda p: p.fingerprint)]
+        """Publish farm decisions in ONE transaction (:meth:`publish_batches`); one reply per publication."""
+        runs = [list(group) for _, group in itertools.groupby(publications, key=lambda p: p.fingerprint)]
         results = self.publish_batches([PublicationBatch.of(run[0].fingerprint, run) for run in runs])
         return [reply for batch in results for reply in batch]
 
     def publish_batches(self, batches: Iterable[PublicationBatch]) -> list[list[tuple[bool, str]]]:
-        """Publish farm decisions in ONE transaction under the replacement rule (``replaces``): each record with
-        its trial rows, the fingerprint text and the problem index; all of it is written or none of it. Returns,
-        per batch, (replaced, "new" | "replaced" | "kept: ...") per decision. A key published twice keeps the
-        winner of the two. Stored records are looked up ``staging.BATCH`` keys at a time (a part whose keys are all new
-        is staged at once); rows are written in key order (the B-trees fill in order), many per statement. Into a
-        directory without a cache file, the farm builds the file aside and links it into place
-        (``farm.stores.bulkbuild``: each page written once)."""
+        """Publish farm decisions, trial rows, fingerprints and problem index in ONE transaction under the
+        replacement rule (``replaces``). Returns, per batch, (replaced, "new" | "replaced" | "kept: ...") per
+        decision; a key published twice keeps the winner. No cache file yet: it is built aside (bulkbuild)."""
         batches = list(batches)
         if self.owner == FARM and self._conn is None and absent(self.path):
             staging = Staging()
             results = [staging.add(batch, lambda keys: {}) for batch in batches]
-            pragmas = [f"PRAGMA page_size={PAGE_SIZE}", "PRAGMA cache_size=-65536"]
             try:
-                built = build_aside(self.path, _SCHEMA, pragmas, STORE_SCHEMA, staging.write,
+                built = build_aside(self.path, _SCHEMA, list(_PRAGMAS), STORE_SCHEMA, staging.write,
                                     after=f"INSERT INTO counts VALUES ({FARM}, {len(staging.staged)});")
             except sqlite3.Error as e:
                 raise OSError(f"{self.path}: {e}") from e
@@ -284,8 +244,8 @@ class LocalStore:
                 return results
         with self._write() as conn:
             def stored(keys: set[bytes]) -> dict[bytes, str]:
-                return dict(conn.execute(f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(keys))})",
-                                         list(keys)).fetchall())
+                sql = f"SELECT key, record FROM decisions WHERE key IN ({','.join('?' * len(keys))})"
+                return dict(conn.execute(sql, list(keys)).fetchall())
 
             staging = Staging()
             results = [staging.add(batch, stored) for batch in batches]
@@ -298,39 +258,32 @@ class LocalStore:
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` have a stored decision for this fingerprint."""
-        found: set[str] = set()
-        for at in range(0, len(problem_ids), 500):
-            chunk = problem_ids[at : at + 500]
-            found.update(pid for (pid,) in self._read(
-                "SELECT p.problem_id FROM problems p JOIN decisions d ON d.key = p.key WHERE p.digest = ? AND "
-                f"p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)))
-        return found
+        return {pid for (pid,) in self._problems("p.problem_id", digest, problem_ids)}
 
     def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
         """The published records of ``problem_ids`` for this fingerprint (problem id -> record); unreadable ones are
         left out."""
-        found: dict[str, DecisionRecord] = {}
+        return dict(decoded(self._problems("p.problem_id, d.record", digest, problem_ids)))
+
+    def _problems(self, columns: str, digest: str, problem_ids: list[str]) -> list[Any]:
+        """``columns`` (of ``p``, the problem index, ``d``, the decisions) of the decided ``problem_ids``."""
+        rows = []
         for at in range(0, len(problem_ids), 500):
             chunk = problem_ids[at : at + 500]
-            for pid, raw in self._read(
-                "SELECT p.problem_id, d.record FROM problems p JOIN decisions d ON d.key = p.key WHERE p.digest = ? "
-                f"AND p.problem_id IN ({','.join('?' * len(chunk))})", (digest, *chunk)):
-                with contextlib.suppress(CorruptRecord):
-                    found[pid] = DecisionRecord.from_json(raw)
-        return found
+            marks = ",".join("?" * len(chunk))
+            rows += self._read(f"SELECT {columns} FROM problems p JOIN decisions d ON d.key = p.key "
+                               f"WHERE p.digest = ? AND p.problem_id IN ({marks})", (digest, *chunk))
+        return rows
 
     def priors(self, family: str, exclude: str, limit: int) -> list[tuple[str, DecisionRecord]]:
         """(fingerprint digest, record) of up to ``limit`` fingerprints other than ``exclude`` whose problem index
         maps ``family`` (a problem family's id across fingerprints, a publication's alias), in digest order: one
         query, a primary-key lookup per fingerprint. Unreadable records are left out."""
-        found: list[tuple[str, DecisionRecord]] = []
-        for digest, raw in self._read(
-                "SELECT f.digest, d.record FROM fingerprints f JOIN problems p ON p.digest = f.digest AND "
-                "p.problem_id = ? JOIN decisions d ON d.key = p.key WHERE f.digest != ? ORDER BY f.digest LIMIT ?",
-                (family, exclude, max(0, limit))):
-            with contextlib.suppress(CorruptRecord):
-                found.append((str(digest), DecisionRecord.from_json(raw)))
-        return found
+        rows = self._read(
+            "SELECT f.digest, d.record FROM fingerprints f JOIN problems p ON p.digest = f.digest AND "
+            "p.problem_id = ? JOIN decisions d ON d.key = p.key WHERE f.digest != ? ORDER BY f.digest LIMIT ?",
+            (family, exclude, max(0, limit)))
+        return [(str(digest), record) for digest, record in decoded(rows)]
 
     def fingerprints(self) -> dict[str, str]:
         """Digest -> fingerprint text of every fingerprint the farm published."""
@@ -370,9 +323,61 @@ def _journal_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(2 * pause, 0.05)
 
 
+def _version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
 def _stamp(path: Path) -> tuple[int, int]:
     with contextlib.suppress(OSError):
         st = os.stat(path)
         return (st.st_mtime_ns, st.st_size)
     return (0, 0)
 
+
+class Checkpoints:
+    """PASSIVE checkpoints of ``path`` on request, on their own connection and a daemon thread living while
+    there are requests, never blocking the writer or readers; a failed one is retried at the next request."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        self.path, self.timeout = path, timeout
+        self._lock = threading.Lock()
+        self._wanted = False
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def request(self) -> None:
+        """Checkpoint soon (a request while one runs is served once it ends)."""
+        with self._lock:
+            self._wanted = True
+            if self._thread is not None and self._pid == os.getpid():
+                return  # the running thread serves it (a thread inherited across a fork is not running)
+            self._thread = threading.Thread(target=self._serve, name="farm-cache-checkpoints", daemon=True)
+            self._pid = os.getpid()
+            self._thread.start()
+
+    def close(self) -> None:
+        """Wait for the checkpoints under way, if any."""
+        with self._lock:
+            thread = self._thread if self._pid == os.getpid() else None
+        if thread is not None:
+            thread.join()
+
+    def _serve(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                with self._lock:
+                    if not self._wanted:
+                        self._thread = None
+                        return
+                    self._wanted = False
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+                        conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as e:
+                    log.debug("checkpoint of %s failed (the next one retries): %s", self.path, e)
+        finally:
+            if conn is not None:
+                conn.close()

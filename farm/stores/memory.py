@@ -12,8 +12,7 @@ class MemoryStore:
     """At most ``capacity`` records; FIFO evicts the oldest insert, LRU the least recently read."""
 
     def __init__(self, capacity: int, eviction: MemoryEviction = MemoryEviction.FIFO) -> None:
-        self.capacity = capacity
-        self.eviction = eviction
+        self.capacity, self.eviction = capacity, eviction
         self._records: OrderedDict[str, DecisionRecord] = OrderedDict()
         self._lru = eviction is MemoryEviction.LRU
 
@@ -27,10 +26,7 @@ class MemoryStore:
         """Insert or replace; return the keys evicted to stay within capacity."""
         self._records.pop(record.cache_key, None)
         self._records[record.cache_key] = record
-        evicted = []
-        while len(self._records) > self.capacity:
-            evicted.append(self._records.popitem(last=False)[0])
-        return evicted
+        return [self._records.popitem(last=False)[0] for _ in range(len(self._records) - self.capacity)]
 
     def delete(self, cache_key: str) -> None:
         self._records.pop(cache_key, None)

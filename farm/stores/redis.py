@@ -1,14 +1,10 @@
 """The Redis tier: one hash of decision records per fingerprint, published by one server-side function.
 
-Writers (the coordinator) publish through ``farm_publish`` (``publish.lua``): replacement rule, problem index,
-fingerprint text and the update event happen in one atomic call. Readers (runtime processes) use the store as a
-read-only fleet tier: one HGET per lookup; an unreachable server is a miss and a logged warning, retried only
-after a back-off, never an exception on the caller's path.
-"""
+Keys: docs/farm.md ("Redis keys"). As a runtime's fleet tier (one HGET a lookup) an outage is a miss, never an
+exception: a logged warning, then a back-off."""
 
 from __future__ import annotations
 
-import binascii
 import contextlib
 import itertools
 import json
@@ -30,17 +26,13 @@ from farm.stores.base import DecisionRecord, Publication, PublicationBatch, key_
 from farm.stores.regimes import RegimeCheck
 
 log = logging.getLogger(__name__)
-# The "farm" library: publication (publish.lua), the nearest-decision lookup (nearest.lua) and the fleet-priors
-# lookup (priors.lua), one FUNCTION LOAD.
 FUNCTION_SOURCE = "\n".join((Path(__file__).with_name(name)).read_text()
                              for name in ("publish.lua", "nearest.lua", "priors.lua"))
 
 
 @dataclass(frozen=True)
 class KeyLayout:
-    """Where decision data lives in Redis: every key starts with ``prefix`` (``FARM_PREFIX``, default "farm").
-
-    The fleet's settings extend it with the fleet's own keys; a runtime reading decisions needs only this."""
+    """The names of the decision keys (docs/farm.md, "Redis keys"), each starting with ``prefix``."""
 
     prefix: str = "farm"
     events_maxlen: int = 10000
@@ -53,25 +45,20 @@ class KeyLayout:
         return ":".join((self.prefix, *parts))
 
     def decisions_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: sha256(cache key) -> decision record JSON."""
         return self.key("decisions", fingerprint_digest)
 
     @property
     def fingerprints_key(self) -> str:
-        """Hash: fingerprint digest -> full fingerprint text."""
         return self.key("fingerprints")
 
     @property
     def events_key(self) -> str:
-        """Stream of decision updates."""
         return self.key("events")
 
     def trials_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: sha256(cache key) -> JSON list of the trial rows behind the decision."""
         return self.key("trials", fingerprint_digest)
 
     def problems_key(self, fingerprint_digest: str) -> str:
-        """Hash per fingerprint: problem id -> sha256(cache key) of its published decision."""
         return self.key("problems", fingerprint_digest)
 
 
@@ -79,96 +66,66 @@ field_for = key_sha256  # the hash field of a cache key (farm.stores.base.key_sh
 
 
 def connection(pool: Any, command: str) -> Any:
-    """A connection of redis-py's ``pool`` for packed commands (release it to the pool when done)."""
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py before 5.3 needs a command name
-        return pool.get_connection(command)
+    """A connection of redis-py's ``pool`` for packed commands, to release to it (``command``: unused)."""
+    return pool.get_connection()
 
 
-_BULK = b"$%d\r\n%b\r\n"  # a bulk string of the Redis protocol (RESP): its length in bytes, then its bytes
-_DECISION = _BULK * 9  # the nine arguments of one decision of farm_publish, formatted at once
-
-
-def _resp(args: Sequence[bytes], decisions: Sequence[bytes] = ()) -> bytes:
-    """One command in the Redis protocol (RESP), the project's one encoder: an array of bulk strings, ``args``
-    then the nine of each of ``decisions`` (formatted by ``_DECISION``)."""
-    return b"".join([b"*%d\r\n" % (len(args) + 9 * len(decisions)), *[_BULK % (len(arg), arg) for arg in args],
-                     *decisions])
+def _resp(args: Sequence[bytes]) -> bytes:
+    """One command in the Redis protocol (RESP), the project's one encoder: an array of bulk strings."""
+    return b"".join([b"*%d\r\n" % len(args), *[b"$%d\r\n%b\r\n" % (len(arg), arg) for arg in args]])
 
 
 def _reply(conn: Any, queued: int) -> Any:
-    """The reply of the first command sent: of a transaction of ``queued`` commands, or of one command alone
-    (``queued`` 0); an error reply is returned. A command refused while queueing raises (EXECABORT)."""
-    redis = redis_module()
+    """The reply (an error reply returned) of one command, or of a transaction of ``queued`` commands, whose
+    EXECABORT (a command refused while queueing) raises."""
+    import redis
+
     if not queued:
         try:
             return conn.read_response()
         except redis.ResponseError as e:
             return e
-    conn.read_response()  # +OK
-    for _ in range(queued):
+    for _ in range(queued + 1):  # MULTI's +OK, then +QUEUED or why a command was refused (EXEC then aborts)
         with contextlib.suppress(redis.ResponseError):
-            conn.read_response()  # +QUEUED, or why the command was refused (EXEC then aborts)
+            conn.read_response()
     return conn.read_response()[0]
 
 
-def redis_module() -> Any:
-    import redis
-
-    return redis
-
-
 def connect(url: str, timeout: float = 2.0, retries: bool = True) -> Any:
-    """A redis-py client for ``url`` with bounded socket timeouts (imported lazily: the core stays light).
-    ``retries=False`` for the runtime's read path: one failed attempt, then the store's own back-off."""
+    """A redis-py client for ``url``, timeouts bounded; ``retries=False``: one try (the store backs off)."""
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    options: dict[str, Any] = {}
-    if not retries:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        options = {"retry": Retry(NoBackoff(), 0), "retry_on_error": []}
+    options: dict[str, Any] = {} if retries else {"retry": Retry(NoBackoff(), 0), "retry_on_error": []}
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 **options)
 
 
 class RedisDecisions:
-    """Decision records in Redis under ``settings``' key layout.
+    """Decision records in Redis under ``settings``' key layout. A fleet tier (from ``url`` or a client) backs
+    off lookups for ``backoff`` seconds (doubling up to 60) after a connection failure."""
 
-    As a fleet tier give it ``url`` (or a client); lookups back off for ``backoff`` seconds (doubling up to 60)
-    after a connection failure.
-    """
-
-    def __init__(
-        self, url: str | None = None, *, client: Any = None, settings: KeyLayout | None = None,
-        timeout: float = 0.5, backoff: float = 1.0,
-    ) -> None:
+    def __init__(self, url: str | None = None, *, client: Any = None, settings: KeyLayout | None = None,
+                 timeout: float = 0.5, backoff: float = 1.0) -> None:
         if client is None:
             if url is None:
                 raise ValueError("RedisDecisions needs a url or a client")
             client = connect(url, timeout, retries=False)
         self.client = client
         self.settings = settings or KeyLayout.from_env()
-        self._backoff_initial = backoff
-        self._backoff = backoff
+        self._backoff_initial = self._backoff = backoff
         self._down_until = 0.0
         self._lock = threading.Lock()
         self._function_loaded = False
-        self._rank_on_server = True  # farm_nearest answers (false once it was missing or refused)
-        self._priors_on_server = True  # farm_priors answers (likewise)
-        self._publish_keys: dict[str, tuple[str, str, list[str]]] = {}
+        self._rank_on_server = self._priors_on_server = True  # the server functions answer (till refused)
         self.failures = 0
         self._regimes = RegimeCheck(
-            "the fleet Redis", lambda: dict(self.client.hgetall(self.settings.fingerprints_key)),
+            "the fleet Redis", self.fingerprints,
             lambda digest, key: bool(self.client.hexists(self.settings.decisions_key(digest), field_for(key))),
             lambda digest: (raw for _, raw in self.client.hscan_iter(self.settings.decisions_key(digest), count=100)))
 
-    # -- fleet-tier reads ---------------------------------------------------------------------------------
-
     def _digest(self, cache_key: str) -> str:
-        """The digest of the environment a cache key names, decoded from the key (callers without it)."""
         return fingerprint_digest(key_environment(cache_key))
 
     def get(self, cache_key: str) -> DecisionRecord | None:
@@ -177,51 +134,43 @@ class RedisDecisions:
 
     def get_in(self, environment: str, cache_key: str) -> DecisionRecord | None:
         """The record for a cache key whose environment (fingerprint) is ``environment``: None on a miss or while
-        backing off; CorruptRecord for a bad record."""
+        backing off; CorruptRecord for a bad record. A miss says once if another regime has decisions."""
+        raw, digest = None, fingerprint_digest(environment)
+        if time.monotonic() >= self._down_until:
+            with self._fleet_read():
+                raw = self.client.hget(self.settings.decisions_key(digest), field_for(cache_key))
+                if raw is None:
+                    self._regimes.missed(cache_key, digest)
+        return None if raw is None else DecisionRecord.from_json(raw, expected_key=cache_key)
+
+    @contextlib.contextmanager
+    def _fleet_read(self) -> Iterator[None]:
+        """Around a fleet read: a connection failure is counted, logged and suppressed; lookups back off."""
         import redis
 
-        if time.monotonic() < self._down_until:
-            return None
         try:
-            raw = self.client.hget(self.settings.decisions_key(fingerprint_digest(environment)), field_for(cache_key))
+            yield
         except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            self._unreachable(e)
-            return None
-        self._backoff = self._backoff_initial
-        if raw is None:
-            self._regimes.missed(cache_key, fingerprint_digest(environment))  # says once if another regime has decisions
-            return None
-        return DecisionRecord.from_json(raw, expected_key=cache_key)
-
-    def _unreachable(self, e: Exception) -> None:
-        with self._lock:
-            self.failures += 1
-            self._down_until = time.monotonic() + self._backoff
-            log.warning("fleet Redis unreachable (%s); treating lookups as misses for %.1fs", e, self._backoff)
-            self._backoff = min(self._backoff * 2, 60.0)
+            with self._lock:
+                self.failures += 1
+                self._down_until = time.monotonic() + self._backoff
+                wait, self._backoff = self._backoff, min(self._backoff * 2, 60.0)
+            log.warning("fleet Redis unreachable (%s); treating lookups as misses for %.1fs", e, wait)
+        else:
+            self._backoff = self._backoff_initial
 
     def nearest(self, query: NearestQuery, max_distance: float) -> list[NearestHit]:
-        """The stored decisions of the query's family within ``max_distance``, nearest first (farm.nearest, the
-        index of farm.stores.redis_nearest: two round trips, ranked on the server where its function may run);
-        [] while backing off."""
-        import redis
-
-        if time.monotonic() < self._down_until:
-            return []
-        try:
-            found, self._rank_on_server = redis_nearest.lookup(self.client, self.settings, query, max_distance,
-                                                               self._rank_on_server)
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
-            self._unreachable(e)
-            return []
-        self._backoff = self._backoff_initial
+        """The family's stored decisions within ``max_distance``, nearest first; [] while backing off."""
+        found: list[NearestHit] = []
+        if time.monotonic() >= self._down_until:
+            with self._fleet_read():
+                found, self._rank_on_server = redis_nearest.lookup(
+                    self.client, self.settings, query, max_distance, self._rank_on_server)
         return found
 
     def priors(self, family: str, exclude: str, limit: int) -> list[tuple[str, DecisionRecord]]:
-        """(fingerprint digest, record) of up to ``limit`` fingerprints other than ``exclude`` whose problem index
-        maps ``family`` (a problem family's id across fingerprints, farm_coordinator.plan), in digest order: one
-        round trip (farm.stores.redis_priors). Raises what redis-py raises: the coordinator's store is no fleet
-        tier, an outage there is the run's."""
+        """(fingerprint digest, record) of up to ``limit`` fingerprints but ``exclude`` with a decision of
+        ``family`` (farm.stores.redis_priors). Raises redis-py's errors (an outage is the run's, no miss)."""
         import redis
 
         if not self._function_loaded and self._priors_on_server:
@@ -234,8 +183,7 @@ class RedisDecisions:
         return found
 
     def index_nearest(self) -> int:
-        """Add every stored decision to the nearest-decision index (for decisions published before it existed;
-        idempotent); return how many were read."""
+        """Add every stored decision to the nearest-decision index (idempotent); return how many were read."""
         count = 0
         for digest in self.fingerprints():
             keys = [(r.cache_key, digest) for r in self.records(digest)]
@@ -254,24 +202,19 @@ class RedisDecisions:
         digest = self._digest(cache_key) if environment is None else fingerprint_digest(environment)
         self.client.hdel(self.settings.decisions_key(digest), field_for(cache_key))
 
-    # -- publication --------------------------------------------------------------------------------------
-
     def load_function(self) -> None:
         self.client.function_load(FUNCTION_SOURCE, replace=True)
         self._function_loaded = True
 
-    def publish(
-        self, record: DecisionRecord, fingerprint: str, problem_id: str = "", trials: list[dict[str, Any]] | None = None,
-        fence: tuple[str, str] | None = None,
-    ) -> tuple[bool, str]:
-        """Publish atomically under the replacement rule, with the trial rows behind the decision (every timing
-        pair and verdict with its provenance); return (replaced, reason). With ``fence`` (key, value) the call is
-        refused ("refused: stale lease ...") unless that key holds exactly that value, and consumes the key."""
+    def publish(self, record: DecisionRecord, fingerprint: str, problem_id: str = "",
+                trials: list[dict[str, Any]] | None = None,
+                fence: tuple[str, str] | None = None) -> tuple[bool, str]:
+        """Publish atomically under the replacement rule, with its trial rows; return (replaced, reason). With
+        ``fence`` (key, value): refused ("refused: stale lease ...") unless the key holds it; consumed."""
         return self.publish_many([Publication(record, fingerprint, problem_id, tuple(trials or ()), fence=fence)])[0]
 
     def publish_many(self, publications: Iterable[Publication], batch: int = 2000) -> list[tuple[bool, str]]:
-        """Publish through :meth:`publish_batch`, ``batch`` publications at a time, one ``farm_publish`` call for
-        each fingerprint's run of them; return (replaced, reason) per publication."""
+        """:meth:`publish_batch` per fingerprint's run, ``batch`` at a time: (replaced, reason) each."""
         results: list[tuple[bool, str]] = []
         pending = iter(publications)
         while chunk := list(itertools.islice(pending, batch)):
@@ -281,12 +224,9 @@ class RedisDecisions:
         return results
 
     def publish_batch(self, batch: PublicationBatch, size: int = 1000) -> list[tuple[bool, str]]:
-        """The store's one publication: ``batch`` by ``farm_publish`` (publish.lua: for each decision, in order,
-        the replacement rule, trial rows, problem index, fingerprint, update event and fence), ``size`` decisions
-        per call, each call in one MULTI/EXEC with their nearest-decision index entries and problem-id aliases (one
-        round trip each, the next one encoded while the server runs this one); return (replaced, reason) per
-        decision. A refused command raises ``redis.ResponseError`` after its transaction: earlier ones stay applied
-        (each publication is idempotent under the replacement rule)."""
+        """The store's one publication: ``batch`` by ``farm_publish``, ``size`` decisions (and index entries)
+        a MULTI/EXEC: (replaced, reason) each. A refused command raises ``redis.ResponseError`` after its
+        transaction; earlier ones stay applied (each publication is idempotent under the replacement rule)."""
         import redis
 
         if not self._function_loaded:
@@ -308,7 +248,7 @@ class RedisDecisions:
                     reply = _reply(conn, queued)
                 if isinstance(reply, Exception):
                     raise reply
-                reasons = str(reply).split("\n") if decisions else []
+                reasons = str(reply).split("\n")
                 if len(reasons) != decisions:
                     raise RuntimeError(f"farm_publish answered {len(reasons)} reasons for {decisions} decisions")
                 results += [(not r.startswith(("kept", "refused")), r) for r in reasons]
@@ -321,45 +261,27 @@ class RedisDecisions:
         return results
 
     def _transaction(self, batch: PublicationBatch, start: int, stop: int) -> tuple[int, int, bytes]:
-        """Decisions ``start`` to ``stop`` of ``batch`` as one ``farm_publish`` call (its keys and arguments,
-        publish.lua's, built here and nowhere else) followed by their index commands, packed in one MULTI/EXEC:
-        the number of decisions, of commands queued (0: the call alone, no transaction) and the packed bytes.
-        redis-py's generic per-argument packing costs more than the server's work for a batch."""
-        cached = self._publish_keys.get(batch.fingerprint)
-        if cached is None:
-            digest = fingerprint_digest(batch.fingerprint)
-            s = self.settings
-            cached = self._publish_keys[batch.fingerprint] = (digest, str(s.events_maxlen), [
-                s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
-                s.trials_key(digest)])
-        digest, maxlen, keys = cached
-        texts, trials, fields = batch.texts[start:stop], batch.trials[start:stop], batch.digests[start:stop]
-        names = [b"FCALL", b"farm_publish", b"", *(k.encode() for k in keys)]
-        decisions = []
-        for i in range(stop - start):
-            at = start + i
+        """Decisions ``start`` to ``stop`` as one ``farm_publish`` call (publish.lua's arguments) and their
+        index commands in one MULTI/EXEC: the number of decisions, of commands queued (0: none), the bytes."""
+        s, digest, count = self.settings, fingerprint_digest(batch.fingerprint), stop - start
+        keys = [s.decisions_key(digest), s.problems_key(digest), s.fingerprints_key, s.events_key,
+                s.trials_key(digest)]
+        args: list[bytes] = []
+        for at in range(start, stop):
             fence = batch.fences[at] if batch.fences else None
             if fence is not None:  # its lease key after the others (a lease's value is never empty)
-                names.append(fence[0].encode())
-            text, pid, rows = texts[i].encode(), (batch.problem_ids[at] or "").encode(), trials[i].encode()
-            verified, created = b"true" if batch.verified[at] else b"false", repr(batch.created[at]).encode()
-            name, run, lease = batch.names[at].encode(), batch.runs[at].encode(), b"" if fence is None else fence[1].encode()
-            decisions.append(_DECISION % (64, binascii.hexlify(fields[i]), len(text), text, len(pid), pid, len(rows),
-                                          rows, len(verified), verified, len(created), created, len(name), name,
-                                          len(run), run, len(lease), lease))
-        names[2] = b"%d" % (len(names) - 3)
-        head = [*names, digest.encode(), batch.fingerprint.encode(), maxlen.encode()]
-        index = redis_nearest.index_commands(self.settings.key, [(k, digest) for k in batch.cache_keys[start:stop]])
-        problems = self.settings.problems_key(digest).encode()
-        index += [[b"HSET", problems, alias.encode(), fields[i].hex().encode()]  # Publication.aliases
-                  for i, aliases in enumerate(batch.aliases[start:stop]) for alias in aliases]
-        call = _resp(head, decisions)
-        if not index:
-            return stop - start, 0, call
-        return stop - start, 1 + len(index), b"".join([_resp([b"MULTI"]), call, *(_resp(c) for c in index),
-                                                      _resp([b"EXEC"])])
-
-    # -- listing ------------------------------------------------------------------------------------------
+                keys.append(fence[0])
+            args += [text.encode() for text in (
+                batch.digests[at].hex(), batch.texts[at], batch.problem_ids[at] or "", batch.trials[at],
+                "true" if batch.verified[at] else "false", repr(batch.created[at]), batch.names[at],
+                batch.runs[at], "" if fence is None else fence[1])]
+        call = _resp([b"FCALL", b"farm_publish", b"%d" % len(keys), *(k.encode() for k in keys),
+                      digest.encode(), batch.fingerprint.encode(), str(s.events_maxlen).encode(), *args])
+        index = redis_nearest.index_commands(s.key, [(k, digest) for k in batch.cache_keys[start:stop]])
+        index += [[b"HSET", s.problems_key(digest).encode(), alias.encode(), batch.digests[at].hex().encode()]
+                  for at in range(start, stop) for alias in (batch.aliases[at] if batch.aliases else ())]
+        return ((count, 1 + len(index), _resp([b"MULTI"]) + call + b"".join(map(_resp, [*index, [b"EXEC"]])))
+                if index else (count, 0, call))
 
     def fingerprints(self) -> dict[str, str]:
         """Digest -> fingerprint text of every fingerprint with published decisions."""
@@ -379,8 +301,7 @@ class RedisDecisions:
         return list(json.loads(raw)) if raw else []
 
     def problem_records(self, digest: str, problem_ids: list[str]) -> dict[str, DecisionRecord]:
-        """The published records of ``problem_ids`` for this fingerprint (problem id -> record); unreadable ones are
-        left out."""
+        """Problem id -> published record of each of ``problem_ids`` (unreadable ones left out)."""
         if not problem_ids:
             return {}
         fields = self.client.hmget(self.settings.problems_key(digest), problem_ids)
@@ -394,7 +315,5 @@ class RedisDecisions:
 
     def decided(self, digest: str, problem_ids: list[str]) -> set[str]:
         """Which of ``problem_ids`` already have a published decision for this fingerprint."""
-        if not problem_ids:
-            return set()
-        found = self.client.hmget(self.settings.problems_key(digest), problem_ids)
+        found = self.client.hmget(self.settings.problems_key(digest), problem_ids) if problem_ids else []
         return {pid for pid, value in zip(problem_ids, found, strict=True) if value is not None}

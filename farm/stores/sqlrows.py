@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Iterator, Sequence
 from itertools import chain
@@ -20,9 +21,8 @@ def replace_row(conn: sqlite3.Connection, key: bytes, owner: int, created: float
 
 
 def write_rows(conn: sqlite3.Connection, sql: str, row: str, rows: Sequence[Any]) -> None:
-    """``sql`` (with ``{}`` for the rows) over ``rows``, as many per statement as SQLite's oldest limit of 999
-    variables allows (fewer statements, each with its own journal and trigger program, for the same rows);
-    ``row``: the placeholders of one row, each row a tuple of its values (one value: the value itself)."""
+    """``sql`` (``{}`` for the rows) over ``rows``, as many per statement as SQLite's oldest limit of 999
+    variables allows; ``row``: one row's placeholders, a row is a tuple of values (or one value)."""
     width = row.count("?")
     per = 999 // width
     for at in range(0, len(rows), per):
@@ -39,3 +39,16 @@ def statements(script: str) -> Iterator[str]:
         if sqlite3.complete_statement(statement):
             yield statement
             statement = ""
+
+
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed, or rolled back when the body raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise

@@ -1,13 +1,7 @@
 """Parquet archives of decisions, one folder per environment fingerprint (docs/archives.md).
 
-The runtime's read side: ``store`` (the read-only fleet tier), ``manifest`` (folders and their checked manifest),
-``files`` (hostile-file safe reading), ``schema`` (files, columns, the record text of a row), ``families`` and
-``priors`` (lookup indexes), ``signing`` (trusted keys, and checking the Ed25519 signature of a manifest). The
-archive tools (writing, signing, reading and verifying whole archives, export, import, merge, diff) are a package
-of their own, ``farm_archives`` (archive_tools/), which the core never imports.
-
-Every name below is imported from its module on first use, so a runtime that opens an :class:`ArchiveStore` loads
-only what a lookup needs (tests/test_archive_imports.py). pyarrow is imported lazily too.
+The runtime's read side; the tools are ``farm_archives``, which the core never imports. Each name below is
+imported from its module on first use: a runtime loads only what it needs (tests/test_archive_imports.py).
 """
 
 from __future__ import annotations
@@ -44,28 +38,23 @@ if TYPE_CHECKING:
     from farm.stores.archive.store import ArchiveStore
     from farm.trustedkeys import PublicKey
 
-_MODULES = {
-    "farm.decisions": ("canonical_json", "key_sha256"),
-    "farm.stores.archive.files": ("read_regular",),
-    "farm.stores.archive.manifest": ("archive_folders", "is_archive", "read_manifest"),
-    "farm.stores.archive.schema": (
-        "ARCHIVE_SCHEMA_VERSION", "DATA_FILES", "DECISION_COLUMNS", "DECISION_FIELDS", "DECISIONS_FILE", "KEY_PARTS",
-        "MANIFEST_FILE", "READABLE_VERSIONS", "ROW_GROUP_ROWS", "TRIAL_COLUMNS", "TRIAL_FIELDS", "TRIAL_TYPES",
-        "TRIALS_FILE", "ArchiveEntry", "ArchiveError", "arrow_schema", "record_body", "record_text", "rekey",
-    ),
-    "farm.stores.archive.signing": ("SIGNATURE_FILE", "UNSIGNED_WARNING", "Trust", "read_trusted_keys"),
-    "farm.stores.archive.store": ("ArchiveStore",),
-    "farm.trustedkeys": ("PublicKey",),
-}
-_WHERE = {name: module for module, names in _MODULES.items() for name in names}
-
 __all__ = [
     "ARCHIVE_SCHEMA_VERSION", "ArchiveEntry", "ArchiveError", "ArchiveStore", "DATA_FILES", "DECISIONS_FILE",
     "DECISION_COLUMNS", "DECISION_FIELDS", "KEY_PARTS", "MANIFEST_FILE", "PublicKey", "READABLE_VERSIONS",
     "ROW_GROUP_ROWS", "SIGNATURE_FILE", "TRIALS_FILE", "TRIAL_COLUMNS", "TRIAL_FIELDS", "TRIAL_TYPES", "Trust",
     "UNSIGNED_WARNING", "archive_folders", "arrow_schema", "canonical_json", "is_archive", "key_sha256",
     "read_manifest", "read_regular", "read_trusted_keys", "record_body", "record_text", "rekey",
-]  # every name of _MODULES (tests/test_archive_imports.py checks both agree)
+]
+_NOT_SCHEMA = {  # the module of each name above that is not farm.stores.archive.schema's
+    "farm.decisions": "canonical_json key_sha256",
+    "farm.stores.archive.files": "read_regular",
+    "farm.stores.archive.manifest": "archive_folders is_archive read_manifest",
+    "farm.stores.archive.signing": "SIGNATURE_FILE UNSIGNED_WARNING Trust read_trusted_keys",
+    "farm.stores.archive.store": "ArchiveStore",
+    "farm.trustedkeys": "PublicKey",
+}
+_WHERE = dict.fromkeys(__all__, "farm.stores.archive.schema")
+_WHERE.update((name, module) for module, names in _NOT_SCHEMA.items() for name in names.split())
 
 
 def __getattr__(name: str) -> Any:

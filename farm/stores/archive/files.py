@@ -1,10 +1,7 @@
 """Reading archive files safely: regular files only, sizes and sha256 against the manifest, Parquet checked before
 anything is decoded.
 
-Only regular files inside the archive folder are opened (no symlinks, FIFOs or devices: ``O_NOFOLLOW`` and
-``O_NONBLOCK``, then ``fstat``); each file's size is compared with the manifest before it is read and its sha256
-after; the Parquet schema, metadata, row-group sizes and row counts are compared before any row is decoded, and
-rows are decoded in batches of ``READ_BATCH_ROWS``.
+The checks, in order: docs/archives.md, "What every read checks" (1, 3 and 4).
 """
 
 from __future__ import annotations
@@ -52,15 +49,8 @@ def read_regular(path: Path, size: int | None = None, limit: int | None = None) 
                                f"{size} (truncated or replaced)")
         if limit is not None and st.st_size > limit:
             raise ArchiveError(f"{path}: {st.st_size} bytes, more than the {limit} a {path.name} may hold")
-        want = st.st_size
-        chunks = []
-        while want > 0:
-            chunk = os.read(fd, min(want, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            want -= len(chunk)
-        data = b"".join(chunks)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(st.st_size)  # reads until st_size bytes or the end of the file
         if len(data) != st.st_size:
             raise ArchiveError(f"{path}: changed size while being read")
         return data
@@ -83,9 +73,8 @@ def verified_bytes(folder: Path, name: str, manifest: dict[str, Any]) -> bytes:
 
 def parquet_file(path: Path, data: bytes, columns: Sequence[tuple[str, str, bool]], digest: str,
                  rows: int, version: int, dictionary: Sequence[str] = ()) -> Any:
-    """Open verified bytes as Parquet and check the schema (of schema ``version``) and the row count. The
-    string columns named in ``dictionary`` are decoded as dictionary arrays (their values are checked and
-    encoded once each)."""
+    """Open verified bytes as Parquet and check its schema (of schema ``version``) and row count; the string
+    columns named in ``dictionary`` are decoded as dictionary arrays (each value checked once)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -97,15 +86,13 @@ def parquet_file(path: Path, data: bytes, columns: Sequence[tuple[str, str, bool
         raise ArchiveError(f"{path}: not a readable Parquet file: {e}") from None
     expected = arrow_schema(columns, digest, version)
     meta = schema.metadata or {}
-    if meta.get(PARQUET_VERSION_KEY) != str(version).encode():
-        raise ArchiveError(f"{path}: Parquet metadata {PARQUET_VERSION_KEY.decode()!r} = "
-                           f"{meta.get(PARQUET_VERSION_KEY)!r}, expected {version}")
-    if meta.get(PARQUET_DIGEST_KEY) != digest.encode():
-        raise ArchiveError(f"{path}: Parquet metadata {PARQUET_DIGEST_KEY.decode()!r} = "
-                           f"{meta.get(PARQUET_DIGEST_KEY)!r}, expected {digest!r}")
+    for key, value, shown in ((PARQUET_VERSION_KEY, str(version), str(version)),
+                              (PARQUET_DIGEST_KEY, digest, repr(digest))):
+        if meta.get(key) != value.encode():
+            raise ArchiveError(f"{path}: Parquet metadata {key.decode()!r} = {meta.get(key)!r}, "
+                               f"expected {shown}")
     if not schema.equals(expected, check_metadata=False):
-        want = {f.name: f for f in expected}
-        have = {f.name: f for f in schema}
+        want, have = {f.name: f for f in expected}, {f.name: f for f in schema}
         for name in want.keys() | have.keys():
             if name not in have:
                 raise ArchiveError(f"{path}: column {name!r} is missing")
@@ -116,12 +103,12 @@ def parquet_file(path: Path, data: bytes, columns: Sequence[tuple[str, str, bool
                                    f"{'' if have[name].nullable else ' not null'}, expected {want[name].type}"
                                    f"{'' if want[name].nullable else ' not null'}")
         raise ArchiveError(f"{path}: columns are not in the order of schema version {version}")
-    for g in range(pf.num_row_groups):
-        group = pf.metadata.row_group(g)
+    groups = [pf.metadata.row_group(g) for g in range(pf.num_row_groups)]
+    for g, group in enumerate(groups):
         if group.num_rows > MAX_GROUP_ROWS or group.total_byte_size > MAX_GROUP_BYTES:
             raise ArchiveError(f"{path}: row group {g} holds {group.num_rows} rows ({group.total_byte_size} bytes), "
                                f"more than a reader decodes at once ({MAX_GROUP_ROWS} rows, {MAX_GROUP_BYTES} bytes)")
-    if pf.metadata.num_rows != rows or sum(pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)) != rows:
+    if pf.metadata.num_rows != rows or sum(group.num_rows for group in groups) != rows:
         raise ArchiveError(f"{path}: {pf.metadata.num_rows} rows, but {MANIFEST_FILE} field "
                            f"'rows.{path.stem}' says {rows}")
     return pf

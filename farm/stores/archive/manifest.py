@@ -1,7 +1,7 @@
 """An archive's folders and its manifest, checked before anything else is read: what the runtime's archive tier
 (``farm.stores.archive.store``) and every tool reading an archive open first.
 
-A manifest of schema 1 is refused with one line: schema 1 predates signatures (export it again from its source).
+The fields: docs/archives.md, "manifest.json". Schema 1, which predates signatures, is refused with one line.
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ def archive_folders(path: Path | str) -> list[Path]:
 
 
 def read_manifest(folder: Path, trust: Trust | None = None) -> Manifest:
-    """Parse and check manifest.json: schema version, fingerprint and digest (= the folder name), row counts,
-    checksums; given ``trust``, its signature first (``Trust.check``, on the very bytes parsed). ArchiveError
-    naming the file and field otherwise."""
+    """Parse and check manifest.json (and first, given ``trust``, its signature on the very bytes parsed);
+    ArchiveError naming the file and field otherwise."""
     path = folder / MANIFEST_FILE
     raw = read_regular(path, limit=MAX_MANIFEST_BYTES)
     signer = trust.check(folder, raw) if trust is not None else None

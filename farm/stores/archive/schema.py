@@ -1,21 +1,13 @@
 """The archive format: files, columns, the record text rebuilt from a row (docs/archives.md).
 
-An archive holds the decisions of ONE environment fingerprint in one folder named by its digest::
-
-    ARCHIVE_DIR/<fingerprint digest>/decisions.parquet   one row per decision (ARCHIVE_SCHEMA_VERSION 2)
-                                     trials.parquet      every timing pair and verdict behind them
-                                     manifest.json       fingerprint, schema version, row counts, bytes and sha256
-
-Schema 2 stores each record once, as columns from which its exact :meth:`DecisionRecord.to_json` text is rebuilt
-(:func:`record_body`) and checked against the stored ``checksum``. Schema 1, which predates signatures, is refused.
-pyarrow is imported lazily: ``import farm`` stays light.
+Schema 2 stores each record once, as columns from which its exact :meth:`DecisionRecord.to_json` text is
+rebuilt (:func:`record_body`) and checked against the stored ``checksum``. pyarrow is imported lazily.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,37 +25,23 @@ MANIFEST_FILE = "manifest.json"
 DATA_FILES = (DECISIONS_FILE, TRIALS_FILE)
 
 # The parts of a cache key (farm.identity.CacheKey), in order, as the derived view names them.
-KEY_PARTS = (
-    "key_version", "scope", "operation_key", "environment", "workload", "execution_context", "reference_position",
-    "manifest", "accuracy_key",
-)
+KEY_PARTS = ("key_version", "scope", "operation_key", "environment", "workload", "execution_context",
+             "reference_position", "manifest", "accuracy_key")
 
 ROW_GROUP_ROWS = 1024  # decisions.parquet: a runtime hit decodes one row group
 TRIAL_ROW_GROUP_ROWS = 65536  # trials.parquet is only ever read whole
 PARQUET_VERSION_KEY = b"farm.archive.schema_version"
 PARQUET_DIGEST_KEY = b"farm.archive.fingerprint_digest"
 
-# (column, type name, nullable). Types: string, int32, int64, float64, bool, sha256 (32 bytes).
-# The cache key is fields([key_version, scope, operation_key, <the manifest's fingerprint>, workload,
-# execution_context, str(reference_index), manifest, accuracy_key]).
+# (column, type name, nullable); sha256: 32 bytes. Each column, and how the cache key is rebuilt from the
+# key's columns: docs/archives.md, "decisions.parquet" and "trials.parquet".
 DECISION_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("key_version", "string", False),
-    ("scope", "string", False),
-    ("operation_key", "string", False),
-    ("workload", "string", False),
-    ("execution_context", "string", False),
-    ("manifest", "string", False),
-    ("accuracy_key", "string", False),
-    ("key_hash", "int64", False),
-    ("winner", "string", False),
-    ("winner_index", "int32", False),
-    ("reference_index", "int32", False),
-    ("verified", "bool", False),
-    ("ratio", "float64", False),
-    ("created", "float64", False),
-    ("meta_json", "string", False),
-    ("checksum", "sha256", False),
-    ("problem_id", "string", True),
+    ("key_version", "string", False), ("scope", "string", False), ("operation_key", "string", False),
+    ("workload", "string", False), ("execution_context", "string", False), ("manifest", "string", False),
+    ("accuracy_key", "string", False), ("key_hash", "int64", False), ("winner", "string", False),
+    ("winner_index", "int32", False), ("reference_index", "int32", False), ("verified", "bool", False),
+    ("ratio", "float64", False), ("created", "float64", False), ("meta_json", "string", False),
+    ("checksum", "sha256", False), ("problem_id", "string", True),
 )
 DECISION_FIELDS = tuple(name for name, _, _ in DECISION_COLUMNS)
 # Columns whose values repeat: dictionary-encoded (the rest is plain, then zstd).
@@ -79,13 +57,9 @@ TRIAL_TYPES: tuple[tuple[str, str], ...] = (
     ("attempt", "int32"),
 )
 TRIAL_FIELDS = tuple(name for name, _ in TRIAL_TYPES)
-# ``decision`` ties a row to its decision (its row in decisions.parquet); extra_json keeps fields a newer farm
-# added to trial rows.
-TRIAL_COLUMNS: tuple[tuple[str, str, bool], ...] = (
-    ("decision", "int32", False),
-    *((name, kind, True) for name, kind in TRIAL_TYPES),
-    ("extra_json", "string", True),
-)
+TRIAL_COLUMNS: tuple[tuple[str, str, bool], ...] = (("decision", "int32", False),
+                                                  *((name, kind, True) for name, kind in TRIAL_TYPES),
+                                                  ("extra_json", "string", True))
 TRIAL_KEYS = frozenset(TRIAL_FIELDS)
 _TRIAL_NONNEGATIVE = ("candidate_index", "pair", "attempt", "reference_seconds", "candidate_seconds",
                       "max_abs_error", "max_rel_error")
@@ -105,9 +79,8 @@ def arrow_schema(columns: Sequence[tuple[str, str, bool]], digest: str = "",
     return schema.with_metadata({PARQUET_VERSION_KEY: str(version).encode(), PARQUET_DIGEST_KEY: digest.encode()})
 
 
-# -- the record text of a row -----------------------------------------------------------------------------------
-
 _encode_string = json.encoder.encode_basestring_ascii  # json.dumps' own string form
+_CHECKSUM_MARK = ',"checksum":"'
 
 
 def record_body(key: str, created: float, index: int, meta_json: str, name: str, ratio: float,
@@ -141,12 +114,6 @@ def record_text(raw: str | bytes) -> str | None:
     return text if at > 0 and text.endswith('"}') and len(text) - at == len(_CHECKSUM_MARK) + 66 else None
 
 
-_CHECKSUM_MARK = ',"checksum":"'
-
-
-# -- entries ----------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class ArchiveEntry:
     """One decision of an archive: the record, the problem id indexed for it (None: none), and its trial rows."""
@@ -167,16 +134,13 @@ class ArchiveEntry:
 
 
 def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
-    """The entry under another environment fingerprint (``--force``): the key's environment part is replaced, the
-    record rebuilt (so its checksum is right) and its meta gains ``forced_from`` (the old digest); a meta
-    ``fingerprint`` digest is updated. Trial rows and the problem id are kept."""
+    """The entry under another environment fingerprint (``--force``): key and record rebuilt, meta with
+    ``forced_from`` (docs/archives.md, "The fingerprint rule and ``--force``")."""
     record = entry.record
     key = CacheKey.decode(record.cache_key)
-    old = key.environment
-    if old == fingerprint:
+    if key.environment == fingerprint:
         return entry
-    meta = dict(record.meta)
-    meta["forced_from"] = fingerprint_digest(old)
+    meta = {**record.meta, "forced_from": fingerprint_digest(key.environment)}
     if "fingerprint" in meta:
         meta["fingerprint"] = fingerprint_digest(fingerprint)
     new = DecisionRecord(key.replace(environment=fingerprint).encode(), record.index, record.reference_index,
@@ -187,16 +151,6 @@ def rekey(entry: ArchiveEntry, fingerprint: str) -> ArchiveEntry:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _same(a: Any, b: Any) -> bool:
-    if _number(a) and _number(b):
-        return bool(a == b or (math.isnan(a) and math.isnan(b)))
-    return type(a) is type(b) and bool(a == b)
 
 
 def check_trial_ranges(table: Any, path: Any, at: int = 0) -> None:

@@ -1,33 +1,25 @@
 """Signed archives, the reading side: Ed25519 signatures of ``manifest.json`` checked against trusted keys
 (docs/archives.md, "Signatures"); signing them is the archive tools' (``farm_archives.signing``).
 
-The manifest holds the sha256 and size of every data file, so one signature over its exact bytes covers the whole
-archive: a changed byte in a data file fails its sha256, one in the manifest fails the signature, one in the
-signature file fails its strict format or the signature. The signature is the file ``manifest.sig`` beside the
-manifest: the canonical JSON of ``{"algorithm": "ed25519", "key": <key id>, "signature": <base64>}`` and a newline,
-nothing else (any other spelling of it is refused). The signed message is ``SIGNED_PREFIX`` followed by the
-manifest's bytes, so a farm signature can never be replayed as a signature of anything else.
-
-A public key is one line, ``farm-ed25519 <base64 of the 32 raw bytes> [comment]`` (``farm.trustedkeys``); its key
-id is the first 16 hex digits of the sha256 of the raw bytes. ``cryptography`` is imported lazily: ``import farm``
-never needs it.
+``cryptography`` is imported lazily: ``import farm`` never needs it.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import os
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from farm.errors import ArchiveError, FarmError
+from farm.stores.archive.files import read_regular
 from farm.trustedkeys import KEY_TYPE, PublicKey, parse_trusted_keys
 
 SIGNATURE_FILE = "manifest.sig"
-SIGNED_PREFIX = b"farm archive manifest v1\n"
+SIGNED_PREFIX = b"farm archive manifest v1\n"  # + the manifest's bytes: never valid for anything else
 MAX_SIGNATURE_BYTES = 4096
 TRUSTED_KEYS_ENV = "FARM_TRUSTED_KEYS"
 ALLOW_UNSIGNED_ENV = "FARM_ALLOW_UNSIGNED"
@@ -47,9 +39,8 @@ def read_trusted_keys(path: Path | str) -> tuple[PublicKey, ...]:
 
 @dataclass(frozen=True)
 class Trust:
-    """Which archives a reader accepts: those signed by one of ``keys``; unsigned ones only with
-    ``allow_unsigned`` (development only, and each one is logged as a warning). A bad signature, or a signature
-    by a key not in ``keys`` (a revoked key is one removed from the list), is always refused."""
+    """Which archives a reader accepts: those signed by one of ``keys`` (to revoke a key, remove it); unsigned
+    ones only with ``allow_unsigned`` (development only: each is logged as a warning)."""
 
     keys: tuple[PublicKey, ...] = ()
     allow_unsigned: bool = False
@@ -71,11 +62,8 @@ class Trust:
         return cls(read_trusted_keys(value), allow, f"the keys of {value}")
 
     def check(self, folder: Path, manifest: bytes) -> str | None:
-        """The key id that signed ``manifest`` (the exact bytes of ``folder``'s manifest.json); None for an
-        unsigned archive accepted under ``allow_unsigned`` (the caller says so loudly: ``UNSIGNED_WARNING``).
-        ArchiveError naming the file otherwise."""
-        from farm.stores.archive.files import read_regular
-
+        """The key id that signed ``manifest`` (the exact bytes of ``folder``'s manifest.json), or None for an
+        unsigned archive under ``allow_unsigned`` (then log ``UNSIGNED_WARNING``); ArchiveError otherwise."""
         path = folder / SIGNATURE_FILE
         if not os.path.lexists(path):
             if self.allow_unsigned:
@@ -83,8 +71,7 @@ class Trust:
             raise ArchiveError(f"{path}: missing: the archive is unsigned and refused (sign archives with `farm "
                                f"archive export --signing-key`; --allow-unsigned accepts them, for development only)")
         key_id, signature = parse_signature(path, read_regular(path, limit=MAX_SIGNATURE_BYTES))
-        known = {k.key_id: k for k in self.keys}
-        key = known.get(key_id)
+        key = next((k for k in self.keys if k.key_id == key_id), None)
         if key is None:
             raise ArchiveError(f"{path}: signed by key {key_id}, which is not a trusted key ({self.source}): "
                                f"refused")
@@ -107,14 +94,11 @@ def signature_text(key_id: str, signature: bytes) -> bytes:
 
 def parse_signature(path: Path, data: bytes) -> tuple[str, bytes]:
     """(key id, 64-byte signature) of a manifest.sig in its one exact form; ArchiveError naming it otherwise."""
-    try:
+    with suppress(ValueError, KeyError, TypeError):  # binascii.Error and UnicodeDecodeError are ValueErrors
         body = json.loads(data)
         key_id, signature = body["key"], base64.b64decode(body["signature"], validate=True)
-        exact = body["algorithm"] == "ed25519" and set(body) == {"algorithm", "key", "signature"} and isinstance(
-            key_id, str) and len(signature) == 64 and signature_text(key_id, signature) == data
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        exact = False
-    if not exact:
-        raise ArchiveError(f"{path}: not a farm signature (expected exactly "
-                           f"{{\"algorithm\":\"ed25519\",\"key\":KEY_ID,\"signature\":BASE64}} and a newline)")
-    return key_id, signature
+        # the one exact text of these three members: any other member, spelling or encoding differs from it
+        if isinstance(key_id, str) and len(signature) == 64 and signature_text(key_id, signature) == data:
+            return key_id, signature
+    raise ArchiveError(f"{path}: not a farm signature (expected exactly "
+                       f"{{\"algorithm\":\"ed25519\",\"key\":KEY_ID,\"signature\":BASE64}} and a newline)")
